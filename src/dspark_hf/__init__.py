@@ -1,0 +1,43 @@
+"""dspark_hf: DSpark speculative decoding for HuggingFace Transformers.
+
+`import dspark_hf` registers the `dspark` model type with `AutoConfig` / `AutoModel` and lets
+`target.generate(**inputs, assistant_model=drafter)` use a `DSparkDrafter` (batch size 1).
+"""
+
+from __future__ import annotations
+
+from transformers import AutoConfig, AutoModel
+
+from .candidate_generator import DSparkCandidateGenerator, install_generate_hook
+from .configuration_dspark import DSparkConfig
+from .drafting import DraftBlock, DSparkContextCache
+from .modeling_dspark import DSparkDrafter, DSparkOutput
+from .verification import (
+    SamplingParams,
+    VerificationResult,
+    greedy_verify,
+    rejection_verify,
+    verify,
+    warp_logits,
+)
+
+__version__ = "0.1.0"
+
+AutoConfig.register("dspark", DSparkConfig, exist_ok=True)
+AutoModel.register(DSparkConfig, DSparkDrafter, exist_ok=True)
+install_generate_hook()
+
+__all__ = [
+    "DSparkCandidateGenerator",
+    "DSparkConfig",
+    "DSparkContextCache",
+    "DSparkDrafter",
+    "DSparkOutput",
+    "DraftBlock",
+    "SamplingParams",
+    "VerificationResult",
+    "greedy_verify",
+    "rejection_verify",
+    "verify",
+    "warp_logits",
+]

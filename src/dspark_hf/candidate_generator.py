@@ -1,0 +1,140 @@
+"""`target.generate(**inputs, assistant_model=drafter)` for a DSpark drafter (batch size 1).
+
+`DSparkCandidateGenerator` is a transformers `CandidateGenerator` that asks the target for the hidden states of the
+layers the drafter reads (`model_kwargs_overrides = {"output_hidden_states": [i + 1, ...]}`), appends the rows the
+target just verified to the drafter's context cache, and drafts one block from the last (bonus) token. Transformers'
+own assisted-decoding loop then verifies the block (greedy match, or its speculative-sampling rule against our exact
+processed draft logits), handles EOS, stopping criteria, `max_new_tokens` and `streamer`.
+
+`generate()` offers no argument for a custom candidate generator, so `install_generate_hook()` (run on
+`import dspark_hf`) wraps `GenerationMixin._get_candidate_generator`: when the assistant is a `DSparkDrafter` it
+returns ours, otherwise it calls the original unchanged. Batch size > 1 raises and points to `dspark_hf.generate`.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import torch
+from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.utils import GenerationMixin
+
+from .modeling_dspark import DSparkDrafter
+
+
+class DSparkCandidateGenerator(CandidateGenerator):
+    """Drafts DSpark blocks for transformers' assisted-decoding loop (batch size 1)."""
+
+    requires_model_outputs: bool = True
+
+    def __init__(
+        self,
+        drafter: DSparkDrafter,
+        target: torch.nn.Module,
+        generation_config: Any,
+        logits_processor: Any = None,
+    ) -> None:
+        if not drafter.bound_to(target):
+            drafter.bind_target(target)
+        self.drafter = drafter
+        self.model_kwargs_overrides = {"output_hidden_states": [i + 1 for i in drafter.config.target_layer_ids]}
+        self.max_length = int(generation_config.max_length)
+        self.do_sample = bool(generation_config.do_sample)
+        self.logits_processor = logits_processor if logits_processor is not None and len(logits_processor) else None
+        self.cache = drafter.new_cache()
+        self.prefilled = False
+        self.rounds = 0
+        self.accepted: list[int] = []
+
+    def get_candidates(
+        self,
+        input_ids: torch.LongTensor,
+        model_kwargs: dict[str, Any] | None = None,
+        model_outputs: Any = None,
+        is_first_iteration: bool = False,
+        n_last_matches: int = 0,
+        **kwargs: Any,
+    ) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        # The first call comes before the target has run: let it prefill and pick the first token itself.
+        if is_first_iteration:
+            return input_ids, None
+        if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
+            raise ValueError("DSparkCandidateGenerator needs the target's hidden states (model_outputs.hidden_states)")
+        self._append_verified_rows(input_ids, model_kwargs or {}, model_outputs, n_last_matches)
+
+        budget = self.max_length - input_ids.shape[1] - 1  # leave room for the target's own token
+        if budget <= 0:
+            return input_ids, None
+        num_drafts = min(self.drafter.config.block_size, budget)
+        device = self.drafter.device
+        block = self.drafter.draft(
+            self.cache,
+            input_ids[:, -1].to(device),
+            do_sample=self.do_sample,
+            logits_processor=self.logits_processor,
+            prefix_ids=input_ids.to(device),
+            num_drafts=num_drafts,
+        )
+        self.rounds += 1
+        candidates = torch.cat([input_ids, block.tokens.to(input_ids.device)], dim=-1)
+        return candidates, block.logits
+
+    def _append_verified_rows(
+        self, input_ids: torch.LongTensor, model_kwargs: dict[str, Any], outputs: Any, n_last_matches: int
+    ) -> None:
+        """Feeds the drafter the target states of every token the target has cached and verified."""
+        # After prefill the target processed the whole prompt; after a verification round it processed the previous
+        # anchor + drafts, of which anchor + n_last_matches are now verified context. The newest token (the last of
+        # input_ids) is not in the target's cache yet: it is the next anchor.
+        num_rows = input_ids.shape[1] - 1 if not self.prefilled else n_last_matches + 1
+        if num_rows <= 0:
+            return
+        device = self.drafter.device
+        features = self.drafter.context_features(
+            [None if h is None else h[:, :num_rows].to(device) for h in outputs.hidden_states]
+        )
+        if not self.prefilled:
+            mask = model_kwargs.get("attention_mask")
+            if mask is not None:
+                valid = mask[:, :num_rows].to(device).bool()
+                positions = (valid.long().cumsum(-1) - 1).clamp(min=0)
+            else:
+                valid = torch.ones(1, num_rows, dtype=torch.bool, device=device)
+                positions = torch.arange(num_rows, device=device)[None]
+        else:
+            start = self.cache.next_position
+            positions = start[:, None] + torch.arange(num_rows, device=device)
+            valid = torch.ones(1, num_rows, dtype=torch.bool, device=device)
+            self.accepted.append(n_last_matches)
+        self.drafter.append_context(self.cache, features, positions, valid)
+        self.prefilled = True
+
+    def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
+        """The block size is fixed; verification-length policies live in the batched loop (`dspark_hf.generate`)."""
+
+
+def install_generate_hook() -> None:
+    """Makes `generate(assistant_model=<DSparkDrafter>)` use `DSparkCandidateGenerator`. Idempotent."""
+    original = GenerationMixin._get_candidate_generator
+    if getattr(original, "_dspark_hook", False):
+        return
+
+    @functools.wraps(original)
+    def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                                 assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
+        if isinstance(assistant_model, DSparkDrafter):
+            if input_ids.shape[0] != 1:
+                raise ValueError(
+                    f"target.generate(assistant_model=<DSparkDrafter>) runs transformers' assisted decoding, which "
+                    f"supports batch size 1 only (got {input_ids.shape[0]}). For batches use "
+                    f"dspark_hf.generate(target, drafter, **inputs) or "
+                    f"target.generate(**inputs, custom_generate=dspark_hf.speculative_generate, drafter=drafter)."
+                )
+            return DSparkCandidateGenerator(assistant_model, self, generation_config, logits_processor)
+        return original(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
+                        assistant_model=assistant_model, target_tokenizer=target_tokenizer,
+                        assistant_tokenizer=assistant_tokenizer)
+
+    _get_candidate_generator._dspark_hook = True  # type: ignore[attr-defined]
+    GenerationMixin._get_candidate_generator = _get_candidate_generator

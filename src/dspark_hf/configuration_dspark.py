@@ -1,0 +1,237 @@
+"""`DSparkConfig`: the configuration of a DSpark drafter.
+
+A DSpark drafter (arXiv 2607.05147) is a small parallel transformer conditioned on hidden states of a frozen
+target model, plus a light sequential head and a confidence head. This file holds its typed configuration:
+
+* backbone sizes (`hidden_size` must equal the target's, because the drafter shares the target's embedding and
+  LM head at run time and stores neither),
+* `block_size`: the anchor slot plus `block_size - 1` mask slots; one forward yields `block_size` drafts,
+* `target_layer_ids`: the target decoder layers whose raw outputs (HF `hidden_states[i + 1]`) are concatenated
+  into the context features; the target's last layer is refused (HF's last hidden state is post-norm),
+* `sequential_head` in {"markov", "gated_markov", "rnn", "none"} and `markov_rank`,
+* `confidence_head`, the training loss position decay `loss_decay` and the Sequential Temperature Scaling
+  temperatures `sts_temperatures` (empty until calibrated),
+* a fingerprint of the target (`target_name_or_path`, `target_vocab_size`, `target_hidden_size`,
+  `target_num_hidden_layers`, `target_model_type`) checked when the drafter is bound to a target.
+
+Invalid values raise `ValueError` naming the field. This module imports nothing from `dspark_hf` so that it can be
+copied next to a checkpoint and loaded with `trust_remote_code=True`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from huggingface_hub.dataclasses import strict
+from transformers import PreTrainedConfig
+
+SEQUENTIAL_HEADS = ("markov", "gated_markov", "rnn", "none")
+
+
+@strict
+class DSparkConfig(PreTrainedConfig):
+    r"""Configuration of a [`DSparkDrafter`].
+
+    Args:
+        vocab_size: the target's vocabulary size (the Markov / RNN heads index it).
+        hidden_size: width of the drafter; must equal the target's hidden size.
+        intermediate_size: width of the SwiGLU MLP of each draft layer.
+        num_hidden_layers: number of draft decoder layers (paper: 5; 1-2 suffice for small targets).
+        num_attention_heads / num_key_value_heads / head_dim: attention sizes of the draft layers.
+        block_size: tokens per draft block (anchor slot + `block_size - 1` mask slots); each forward
+            proposes `block_size` draft tokens.
+        target_layer_ids: target decoder layers whose outputs form the context features.
+        sequential_head: "markov" (default), "gated_markov", "rnn" or "none" (the DFlash baseline).
+        markov_rank: rank r of the low-rank transition W1 (V x r) W2 (r x V).
+        confidence_head: whether the drafter predicts per-position survival probabilities.
+        loss_decay: position weight decay gamma in w_k = exp(-(k - 1) / gamma); `None` means `block_size`.
+        sts_temperatures: one temperature per block position applied to the confidence logit (STS).
+        mask_token_id: optional target token whose embedding fills the mask slots; `None` (default) uses a
+            learned mask embedding, so targets without a spare id work.
+        target_*: fingerprint of the target the drafter was built for.
+    """
+
+    model_type = "dspark"
+
+    vocab_size: int = 32000
+    hidden_size: int = 576
+    intermediate_size: int = 1536
+    num_hidden_layers: int = 2
+    num_attention_heads: int = 9
+    num_key_value_heads: int | None = None
+    head_dim: int | None = None
+    hidden_act: str = "silu"
+    rms_norm_eps: float = 1e-6
+    rope_theta: float = 10000.0
+    max_position_embeddings: int = 32768
+    attention_bias: bool = False
+    initializer_range: float = 0.02
+    block_size: int = 7
+    target_layer_ids: list[int] | None = None
+    sequential_head: str = "markov"
+    markov_rank: int = 256
+    confidence_head: bool = True
+    loss_decay: float | None = None
+    sts_temperatures: list[float] | None = None
+    mask_token_id: int | None = None
+    target_name_or_path: str | None = None
+    target_vocab_size: int | None = None
+    target_hidden_size: int | None = None
+    target_num_hidden_layers: int | None = None
+    target_model_type: str | None = None
+    tie_word_embeddings: bool = False
+
+    def __post_init__(self, **kwargs: Any) -> None:
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None and self.num_attention_heads:
+            self.head_dim = self.hidden_size // max(self.num_attention_heads, 1)
+        if self.target_layer_ids is None:
+            self.target_layer_ids = []
+        if self.sts_temperatures is None:
+            self.sts_temperatures = []
+        self.target_layer_ids = [int(i) for i in self.target_layer_ids]
+        self.sts_temperatures = [float(t) for t in self.sts_temperatures]
+        super().__post_init__(**kwargs)
+        self.validate_dspark()
+
+    # ------------------------------------------------------------------ validation
+    def validate_dspark(self) -> None:
+        """Raises `ValueError` naming the first invalid field."""
+
+        def positive(name: str) -> None:
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"DSparkConfig.{name} must be a positive integer, got {value!r}.")
+
+        for name in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
+                     "num_key_value_heads", "head_dim", "block_size", "max_position_embeddings"):
+            positive(name)
+        if self.num_attention_heads % self.num_key_value_heads != 0:
+            raise ValueError(
+                f"DSparkConfig.num_key_value_heads ({self.num_key_value_heads}) must divide "
+                f"num_attention_heads ({self.num_attention_heads})."
+            )
+        if self.head_dim % 2 != 0:
+            raise ValueError(f"DSparkConfig.head_dim must be even for rotary embeddings, got {self.head_dim}.")
+        if self.sequential_head not in SEQUENTIAL_HEADS:
+            raise ValueError(
+                f"DSparkConfig.sequential_head must be one of {SEQUENTIAL_HEADS}, got {self.sequential_head!r}."
+            )
+        if self.sequential_head != "none" and (not isinstance(self.markov_rank, int) or self.markov_rank < 1):
+            raise ValueError(
+                f"DSparkConfig.markov_rank must be a positive integer when sequential_head="
+                f"{self.sequential_head!r}, got {self.markov_rank!r}."
+            )
+        if self.loss_decay is not None and not self.loss_decay > 0:
+            raise ValueError(f"DSparkConfig.loss_decay must be > 0 (or None for block_size), got {self.loss_decay}.")
+        if self.rms_norm_eps <= 0:
+            raise ValueError(f"DSparkConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}.")
+        if self.rope_theta <= 0:
+            raise ValueError(f"DSparkConfig.rope_theta must be > 0, got {self.rope_theta}.")
+        if self.sts_temperatures:
+            if len(self.sts_temperatures) != self.block_size:
+                raise ValueError(
+                    f"DSparkConfig.sts_temperatures must hold one temperature per block position "
+                    f"({self.block_size}), got {len(self.sts_temperatures)}."
+                )
+            if any(not t > 0 for t in self.sts_temperatures):
+                raise ValueError(f"DSparkConfig.sts_temperatures must all be > 0, got {self.sts_temperatures}.")
+        if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
+            raise ValueError(
+                f"DSparkConfig.mask_token_id must lie in [0, vocab_size={self.vocab_size}), got {self.mask_token_id}."
+            )
+        if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
+            raise ValueError(f"DSparkConfig.target_layer_ids has duplicates: {self.target_layer_ids}.")
+        if any(i < 0 for i in self.target_layer_ids):
+            raise ValueError(f"DSparkConfig.target_layer_ids must be >= 0, got {self.target_layer_ids}.")
+        if self.target_num_hidden_layers is not None:
+            bad = [i for i in self.target_layer_ids if i >= self.target_num_hidden_layers - 1]
+            if bad:
+                raise ValueError(
+                    f"DSparkConfig.target_layer_ids {bad} out of range: the target has "
+                    f"{self.target_num_hidden_layers} layers and its last layer "
+                    f"({self.target_num_hidden_layers - 1}) is never used (HF's last hidden state is post-norm); "
+                    f"valid ids are 0..{self.target_num_hidden_layers - 2}."
+                )
+        if self.target_hidden_size is not None and self.target_hidden_size != self.hidden_size:
+            raise ValueError(
+                f"DSparkConfig.hidden_size ({self.hidden_size}) must equal the target's hidden size "
+                f"({self.target_hidden_size}): the drafter shares the target's embedding and LM head."
+            )
+        if self.target_vocab_size is not None and self.target_vocab_size != self.vocab_size:
+            raise ValueError(
+                f"DSparkConfig.vocab_size ({self.vocab_size}) must equal the target's vocab size "
+                f"({self.target_vocab_size})."
+            )
+
+    @property
+    def num_target_features(self) -> int:
+        """Number of target layers concatenated into the context features (m)."""
+        return len(self.target_layer_ids)
+
+    @property
+    def effective_loss_decay(self) -> float:
+        """gamma of the position weights exp(-(k-1)/gamma); defaults to the block size as in the paper."""
+        return float(self.loss_decay) if self.loss_decay is not None else float(self.block_size)
+
+    # ------------------------------------------------------------------ construction
+    @staticmethod
+    def default_target_layer_ids(num_target_layers: int, num_features: int = 5) -> list[int]:
+        """Spreads `num_features` layer ids evenly from 1 to L-3 (Qwen3-4B, L=36: [1, 9, 17, 25, 33]).
+
+        Never returns the last layer. Small targets get fewer, distinct ids.
+        """
+        if num_target_layers < 2:
+            raise ValueError(f"the target must have at least 2 layers to draft from, got {num_target_layers}.")
+        lo = 1 if num_target_layers > 2 else 0
+        # L-3 as in the reference; small targets (< 8 layers) may also use L-2 (still never the last layer).
+        hi = max(lo, num_target_layers - 3 if num_target_layers >= 8 else num_target_layers - 2)
+        count = max(1, min(num_features, hi - lo + 1))
+        if count == 1:
+            return [lo]
+        step = (hi - lo) / (count - 1)
+        return sorted({int(round(lo + step * i)) for i in range(count)})
+
+    @classmethod
+    def from_target_config(cls, target_config: PreTrainedConfig, **overrides: Any) -> "DSparkConfig":
+        """Builds a drafter config fitted to `target_config` (any HF causal-LM config).
+
+        Defaults: the target's hidden size, vocab, head layout and rope theta; 2 draft layers; context features from
+        up to 5 layers spread over the target's depth (never its last); a Markov head of rank 256 and a confidence
+        head. Any field can be overridden by keyword.
+        """
+        text = target_config.get_text_config()
+        num_layers = int(text.num_hidden_layers)
+        heads = int(getattr(text, "num_attention_heads", 0) or max(1, text.hidden_size // 64))
+        kv_heads = int(getattr(text, "num_key_value_heads", None) or heads)
+        head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+        rope_theta = getattr(text, "rope_theta", None)
+        rope_parameters = getattr(text, "rope_parameters", None)
+        if rope_theta is None and isinstance(rope_parameters, dict):
+            rope_theta = rope_parameters.get("rope_theta")
+        values: dict[str, Any] = dict(
+            vocab_size=int(text.vocab_size),
+            hidden_size=int(text.hidden_size),
+            intermediate_size=int(getattr(text, "intermediate_size", 4 * text.hidden_size)),
+            num_attention_heads=heads,
+            num_key_value_heads=kv_heads,
+            head_dim=int(head_dim),
+            rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6) or 1e-6),
+            rope_theta=float(rope_theta or 10000.0),
+            max_position_embeddings=int(getattr(text, "max_position_embeddings", 32768) or 32768),
+            target_layer_ids=cls.default_target_layer_ids(num_layers),
+            target_name_or_path=getattr(target_config, "_name_or_path", None) or None,
+            target_vocab_size=int(text.vocab_size),
+            target_hidden_size=int(text.hidden_size),
+            target_num_hidden_layers=num_layers,
+            target_model_type=getattr(text, "model_type", None),
+            bos_token_id=getattr(text, "bos_token_id", None),
+            eos_token_id=getattr(text, "eos_token_id", None),
+            pad_token_id=getattr(text, "pad_token_id", None),
+        )
+        values.update(overrides)
+        return cls(**values)
+
+
+__all__ = ["DSparkConfig", "SEQUENTIAL_HEADS"]

@@ -1,0 +1,504 @@
+"""`DSparkDrafter`: the DSpark draft model as a Transformers `PreTrainedModel`.
+
+Design (paper sections 2.2, 3.1, 3.2.1; ../shared/DESIGN.md section 1):
+
+* **Context features.** Raw outputs of the target layers `config.target_layer_ids` (HF `hidden_states[i + 1]`) are
+  concatenated `[.., m*d]` and projected by a bias-free `fc` followed by RMSNorm `hidden_norm`.
+* **KV injection.** In every draft layer, queries come from the block rows only; keys and values are the sequence
+  concatenation [context features ; block] through the layer's own k/v projections (k gets the per-head `k_norm`,
+  both get RoPE at their true positions). The block attends bidirectionally to itself and to every context row
+  strictly before its anchor. At inference the context keys/values live in a `DSparkContextCache`.
+* **Block layout (DSpark, not DFlash).** Input = target embedding of the anchor followed by `block_size - 1` mask
+  embeddings (a learned vector unless `config.mask_token_id` names a target token). Slot k predicts the token at
+  anchor position + k + 1, so one forward yields `block_size` drafts.
+* **Shared, frozen embedding and LM head.** They are *bound* from the target at run time (`bind_target`) and are not
+  submodules, so checkpoints stay small. Binding checks the target against the config's fingerprint.
+* **Sequential head** (Markov / gated Markov / RNN / none) and **confidence head** live in `sequential_heads.py`.
+
+Two forwards share the same layers: `forward` (training layout: many anchors per sequence, full context given) and
+`draft` (inference: one anchor per row, cached context, then the sequential sampling loop). Tests pin that they agree.
+Imports nothing from `dspark_hf` by absolute path so `save_pretrained` can ship it for `trust_remote_code=True`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from transformers import PreTrainedModel
+from transformers import initialization as init
+from transformers.utils import ModelOutput
+
+from .configuration_dspark import DSparkConfig
+from .drafting import DraftBlock, DSparkContextCache
+from .sequential_heads import ConfidenceHead, build_sequential_head
+
+LogitsProcessorFn = Callable[[torch.LongTensor, torch.Tensor], torch.Tensor]
+
+
+class DSparkRMSNorm(nn.Module):
+    def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+def rotary_cos_sin(
+    positions: torch.Tensor, head_dim: int, theta: float, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos / sin `[B, T, head_dim]` of the standard rotary embedding at integer `positions` `[B, T]`."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.float()[..., None] * inv_freq  # [B, T, D/2]
+    angles = torch.cat([angles, angles], dim=-1)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x `[B, H, T, D]`, cos/sin `[B, T, D]`."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+class DSparkAttention(nn.Module):
+    """Attention whose keys/values are [context ; block] and whose queries are the block rows."""
+
+    def __init__(self, config: DSparkConfig) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.rope_theta = config.rope_theta
+        bias = config.attention_bias
+        self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, config.hidden_size, bias=bias)
+        self.q_norm = DSparkRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+        self.k_norm = DSparkRMSNorm(self.head_dim, eps=config.rms_norm_eps)
+
+    def key_values(self, x: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys/values `[B, H_kv, T, D]` of rows `x` `[B, T, d]` at `positions` `[B, T]`."""
+        b, t, _ = x.shape
+        k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        cos, sin = rotary_cos_sin(positions, self.head_dim, self.rope_theta, k.dtype)
+        return apply_rotary(k, cos, sin), v
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        context_keys: torch.Tensor | None,
+        context_values: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        """hidden `[B, Q, d]` (block rows); attention_mask `[B, Q, T_ctx + Q]` bool, True = may attend."""
+        b, q_len, _ = hidden.shape
+        q = self.q_norm(self.q_proj(hidden).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
+        cos, sin = rotary_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
+        q = apply_rotary(q, cos, sin)
+        k, v = self.key_values(hidden, positions)
+        if context_keys is not None and context_keys.shape[2] > 0:
+            k = torch.cat([context_keys, k], dim=2)
+            v = torch.cat([context_values, v], dim=2)
+        if self.num_kv_heads != self.num_heads:
+            repeat = self.num_heads // self.num_kv_heads
+            k = k.repeat_interleave(repeat, dim=1)
+            v = v.repeat_interleave(repeat, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask[:, None])  # [B, H, Q, D]
+        return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim))
+
+
+class DSparkMLP(nn.Module):
+    def __init__(self, config: DSparkConfig) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(config.hidden_size, config.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(config.intermediate_size, config.hidden_size, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DSparkDecoderLayer(nn.Module):
+    def __init__(self, config: DSparkConfig) -> None:
+        super().__init__()
+        self.self_attn = DSparkAttention(config)
+        self.mlp = DSparkMLP(config)
+        self.input_layernorm = DSparkRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+        self.post_attention_layernorm = DSparkRMSNorm(config.hidden_size, eps=config.rms_norm_eps)
+
+    def forward(
+        self,
+        hidden: torch.Tensor,
+        positions: torch.Tensor,
+        context_keys: torch.Tensor | None,
+        context_values: torch.Tensor | None,
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        hidden = hidden + self.self_attn(
+            self.input_layernorm(hidden), positions, context_keys, context_values, attention_mask
+        )
+        return hidden + self.mlp(self.post_attention_layernorm(hidden))
+
+
+@dataclass
+class DSparkOutput(ModelOutput):
+    """Output of `DSparkDrafter.forward` (training layout).
+
+    Attributes:
+        hidden_states: `[B, A, K, d]` final (normed) backbone states of every block slot.
+        logits: `[B, A, K, V]` base logits U_k through the bound LM head, when `return_logits=True`.
+    """
+
+    hidden_states: torch.Tensor | None = None
+    logits: torch.Tensor | None = None
+
+
+class DSparkPreTrainedModel(PreTrainedModel):
+    config_class = DSparkConfig
+    base_model_prefix = "dspark"
+    main_input_name = "anchor_ids"
+    supports_gradient_checkpointing = False
+    _no_split_modules = ["DSparkDecoderLayer"]
+    _supports_sdpa = True
+
+    def _init_weights(self, module: nn.Module) -> None:
+        std = self.config.initializer_range
+        if isinstance(module, nn.Linear):
+            init.normal_(module.weight, mean=0.0, std=std)
+            if module.bias is not None:
+                init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            init.normal_(module.weight, mean=0.0, std=std)
+        elif isinstance(module, DSparkRMSNorm):
+            init.ones_(module.weight)
+        elif isinstance(module, DSparkDrafter):
+            if module.mask_embedding is not None:
+                init.normal_(module.mask_embedding, mean=0.0, std=std)
+        if hasattr(module, "markov_w2"):
+            # The transition bias starts at zero: an untrained head leaves the backbone's logits untouched.
+            init.zeros_(module.markov_w2.weight)
+
+
+class DSparkDrafter(DSparkPreTrainedModel):
+    """DSpark drafter: parallel DFlash-style backbone + sequential head + confidence head.
+
+    Typical use::
+
+        drafter = DSparkDrafter.from_target(target, block_size=7, num_hidden_layers=2, markov_rank=256)
+        out = target.generate(**inputs, assistant_model=drafter)   # after `import dspark_hf`
+
+    The drafter must be bound to its target (`bind_target`) before drafting; `from_target` and the generation entry
+    points do it for you.
+    """
+
+    def __init__(self, config: DSparkConfig) -> None:
+        super().__init__(config)
+        if not config.target_layer_ids:
+            raise ValueError("DSparkConfig.target_layer_ids is empty: the drafter needs at least one target layer.")
+        d = config.hidden_size
+        self.fc = nn.Linear(len(config.target_layer_ids) * d, d, bias=False)
+        self.hidden_norm = DSparkRMSNorm(d, eps=config.rms_norm_eps)
+        self.layers = nn.ModuleList([DSparkDecoderLayer(config) for _ in range(config.num_hidden_layers)])
+        self.norm = DSparkRMSNorm(d, eps=config.rms_norm_eps)
+        self.mask_embedding = nn.Parameter(torch.zeros(d)) if config.mask_token_id is None else None
+        self.markov_head = build_sequential_head(config.sequential_head, config.vocab_size, config.markov_rank, d)
+        self.confidence_head = None
+        if config.confidence_head:
+            extra = config.markov_rank if self.markov_head is not None else 0
+            self.confidence_head = ConfidenceHead(d + extra)
+        self.register_buffer("sts_temperatures", torch.ones(config.block_size), persistent=False)
+        self._bound: dict[str, nn.Module] = {}
+        self.post_init()
+        self.set_sts_temperatures(config.sts_temperatures)
+
+    # ------------------------------------------------------------------ target binding
+    @classmethod
+    def from_target(cls, target: PreTrainedModel, **config_overrides) -> "DSparkDrafter":
+        """A randomly initialised drafter configured for `target`, bound to it, on its device and dtype."""
+        config = DSparkConfig.from_target_config(target.config, **config_overrides)
+        drafter = cls(config)
+        drafter.to(device=target.device, dtype=target.dtype)
+        drafter.bind_target(target)
+        return drafter
+
+    def check_target(self, target: PreTrainedModel) -> None:
+        """Raises `ValueError` if `target` does not match the fingerprint this drafter was built for."""
+        text = target.config.get_text_config()
+        cfg = self.config
+        problems = []
+        for what, mine, theirs in (
+            ("vocab size", cfg.target_vocab_size or cfg.vocab_size, text.vocab_size),
+            ("hidden size", cfg.target_hidden_size or cfg.hidden_size, text.hidden_size),
+            ("layer count", cfg.target_num_hidden_layers, text.num_hidden_layers),
+        ):
+            if mine is not None and int(mine) != int(theirs):
+                problems.append(f"{what}: drafter expects {mine}, target has {theirs}")
+        if problems:
+            name = cfg.target_name_or_path or "its original target"
+            raise ValueError(
+                f"this DSpark drafter was built for {name} and does not fit the given target "
+                f"({getattr(target.config, '_name_or_path', '') or type(target).__name__}): " + "; ".join(problems)
+            )
+        embed, head = target.get_input_embeddings(), target.get_output_embeddings()
+        if embed is None or head is None:
+            raise ValueError("the target must expose input embeddings and an LM head (get_output_embeddings()).")
+
+    def bind_target(self, target: PreTrainedModel) -> "DSparkDrafter":
+        """Shares `target`'s (frozen) embedding and LM head with this drafter; checks the fingerprint first."""
+        self.check_target(target)
+        # Stored outside `_modules` on purpose: they are the target's, never saved with the drafter.
+        self._bound = {"embed": target.get_input_embeddings(), "lm_head": target.get_output_embeddings()}
+        return self
+
+    def bound_to(self, target: PreTrainedModel) -> bool:
+        return bool(self._bound) and self._bound["embed"] is target.get_input_embeddings()
+
+    def _require_bound(self) -> tuple[nn.Module, nn.Module]:
+        if not self._bound:
+            raise RuntimeError(
+                "this DSparkDrafter is not bound to a target: call drafter.bind_target(target) "
+                "(generate() does it for you)."
+            )
+        return self._bound["embed"], self._bound["lm_head"]
+
+    def embed_tokens(self, token_ids: torch.LongTensor) -> torch.Tensor:
+        return self._require_bound()[0](token_ids).to(self.dtype)
+
+    def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        head = self._require_bound()[1]
+        return head(hidden.to(head.weight.dtype))
+
+    def set_sts_temperatures(self, temperatures: Sequence[float] | None) -> None:
+        """Stores STS temperatures (one per block position) in the config and the runtime buffer."""
+        temperatures = [float(t) for t in (temperatures or [])]
+        if temperatures and len(temperatures) != self.config.block_size:
+            raise ValueError(
+                f"sts_temperatures needs {self.config.block_size} values (one per block position), got {len(temperatures)}"
+            )
+        if any(not t > 0 for t in temperatures):
+            raise ValueError(f"sts_temperatures must be > 0, got {temperatures}")
+        self.config.sts_temperatures = temperatures
+        values = torch.tensor(temperatures or [1.0] * self.config.block_size, dtype=torch.float32)
+        self.sts_temperatures.data = values.to(self.sts_temperatures.device)
+
+    # ------------------------------------------------------------------ shared pieces
+    def context_features(self, hidden_states: Sequence[torch.Tensor | None]) -> torch.Tensor:
+        """Concatenates the target's `hidden_states[i + 1]` for i in `target_layer_ids` -> `[B, T, m*d]`."""
+        picked = []
+        for i in self.config.target_layer_ids:
+            if i + 1 >= len(hidden_states) or hidden_states[i + 1] is None:
+                raise ValueError(
+                    f"target hidden state of layer {i} (hidden_states[{i + 1}]) is missing; run the target with "
+                    f"output_hidden_states={[j + 1 for j in self.config.target_layer_ids]}"
+                )
+            picked.append(hidden_states[i + 1])
+        return torch.cat(picked, dim=-1)
+
+    def project_context(self, features: torch.Tensor) -> torch.Tensor:
+        """`[B, T, m*d]` concatenated target states -> `[B, T, d]` context features."""
+        return self.hidden_norm(self.fc(features.to(self.dtype)))
+
+    def block_embeddings(self, anchor_ids: torch.LongTensor) -> torch.Tensor:
+        """anchor ids `[...]` -> `[..., K, d]`: anchor embedding then `block_size - 1` mask embeddings."""
+        k = self.config.block_size
+        anchor = self.embed_tokens(anchor_ids)[..., None, :]
+        if self.mask_embedding is not None:
+            mask = self.mask_embedding.to(anchor.dtype)
+        else:
+            mask = self.embed_tokens(torch.tensor(self.config.mask_token_id, device=anchor_ids.device))
+        mask = mask.expand(*anchor.shape[:-2], k - 1, anchor.shape[-1])
+        return torch.cat([anchor, mask], dim=-2)
+
+    def _backbone(
+        self,
+        block: torch.Tensor,
+        positions: torch.Tensor,
+        context: Callable[[int], tuple[torch.Tensor | None, torch.Tensor | None]],
+        attention_mask: torch.Tensor,
+    ) -> torch.Tensor:
+        hidden = block
+        for idx, layer in enumerate(self.layers):
+            keys, values = context(idx)
+            hidden = layer(hidden, positions, keys, values, attention_mask)
+        return self.norm(hidden)
+
+    # ------------------------------------------------------------------ training layout
+    def forward(
+        self,
+        anchor_ids: torch.LongTensor,
+        anchor_positions: torch.LongTensor,
+        context_hidden_states: torch.Tensor,
+        context_position_ids: torch.LongTensor | None = None,
+        context_mask: torch.Tensor | None = None,
+        return_logits: bool = True,
+    ) -> DSparkOutput:
+        """Parallel forward for A anchors per sequence (training / evaluation layout).
+
+        Args:
+            anchor_ids: `[B, A]` anchor tokens.
+            anchor_positions: `[B, A]` their positions; block a sees context rows with position < anchor_positions[a].
+            context_hidden_states: `[B, T, m*d]` concatenated target layer outputs (see `context_features`).
+            context_position_ids: `[B, T]`; defaults to 0..T-1.
+            context_mask: `[B, T]` bool, False for padding.
+        """
+        b, a = anchor_ids.shape
+        k = self.config.block_size
+        ctx = self.project_context(context_hidden_states)  # [B, T, d]
+        t = ctx.shape[1]
+        if context_position_ids is None:
+            context_position_ids = torch.arange(t, device=ctx.device).expand(b, t)
+        if context_mask is None:
+            context_mask = torch.ones(b, t, dtype=torch.bool, device=ctx.device)
+        block = self.block_embeddings(anchor_ids).reshape(b, a * k, -1)  # [B, A*K, d]
+        positions = (anchor_positions[..., None] + torch.arange(k, device=ctx.device)).reshape(b, a * k)
+        # Block a: context rows strictly before its anchor, and its own block rows (bidirectionally).
+        sees_ctx = context_mask[:, None, :] & (context_position_ids[:, None, :] < anchor_positions[..., None])
+        sees_ctx = sees_ctx.repeat_interleave(k, dim=1)  # [B, A*K, T]
+        block_id = torch.arange(a, device=ctx.device).repeat_interleave(k)
+        sees_block = (block_id[:, None] == block_id[None, :]).expand(b, -1, -1)
+        mask = torch.cat([sees_ctx, sees_block], dim=-1)
+
+        def context(idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+            return self.layers[idx].self_attn.key_values(ctx, context_position_ids)
+
+        hidden = self._backbone(block, positions, context, mask).reshape(b, a, k, -1)
+        return DSparkOutput(hidden_states=hidden, logits=self.lm_head(hidden) if return_logits else None)
+
+    # ------------------------------------------------------------------ inference
+    def new_cache(self) -> DSparkContextCache:
+        return DSparkContextCache()
+
+    @torch.no_grad()
+    def append_context(
+        self,
+        cache: DSparkContextCache,
+        features: torch.Tensor,
+        positions: torch.LongTensor,
+        valid: torch.Tensor | None = None,
+    ) -> None:
+        """Appends verified context rows: `features` `[B, N, m*d]` at `positions` `[B, N]`; `valid` `[B, N]`."""
+        if valid is None:
+            valid = torch.ones(positions.shape, dtype=torch.bool, device=positions.device)
+        ctx = self.project_context(features)
+        keys, values = zip(*(layer.self_attn.key_values(ctx, positions) for layer in self.layers))
+        cache.append(list(keys), list(values), valid.bool(), positions)
+
+    @torch.no_grad()
+    def draft(
+        self,
+        cache: DSparkContextCache,
+        anchor_ids: torch.LongTensor,
+        *,
+        anchor_positions: torch.LongTensor | None = None,
+        do_sample: bool = False,
+        logits_processor: LogitsProcessorFn | None = None,
+        prefix_ids: torch.LongTensor | None = None,
+        generator: torch.Generator | None = None,
+        num_drafts: int | None = None,
+    ) -> DraftBlock:
+        """One drafting round: a parallel backbone forward, then the sequential loop.
+
+        Args:
+            cache: context rows of every batch row (see `append_context`).
+            anchor_ids: `[B]` the last verified (bonus) token of every row.
+            anchor_positions: `[B]` their positions; defaults to `cache.next_position`.
+            do_sample: sample drafts from the processed distribution; otherwise take its argmax.
+            logits_processor: applied to each slot's Markov-corrected logits, called as
+                `processor(ids [B, L], scores [B, V])` with the ids so far (HF `LogitsProcessorList` works).
+            prefix_ids: `[B, L]` the sequence before the drafts (needed only by id-dependent processors).
+            generator: RNG for sampling.
+            num_drafts: stop the sequential loop after this many slots (default `block_size`).
+        Returns:
+            a `DraftBlock` with tokens `[B, K]`, processed logits `[B, K, V]` and confidences `[B, K]`.
+        """
+        if cache.valid is None:
+            raise ValueError("the drafter cache is empty: append the target's context rows before drafting")
+        if anchor_positions is None:
+            anchor_positions = cache.next_position
+        b = anchor_ids.shape[0]
+        k = self.config.block_size
+        num_drafts = k if num_drafts is None else max(1, min(int(num_drafts), k))
+        positions = anchor_positions[:, None] + torch.arange(k, device=anchor_ids.device)  # [B, K]
+        sees_ctx = cache.valid & (cache.positions < anchor_positions[:, None])  # [B, T]
+        mask = torch.cat(
+            [sees_ctx[:, None, :].expand(b, k, -1), torch.ones(b, k, k, dtype=torch.bool, device=anchor_ids.device)],
+            dim=-1,
+        )
+        hidden = self._backbone(
+            self.block_embeddings(anchor_ids), positions, lambda i: (cache.keys[i], cache.values[i]), mask
+        )  # [B, K, d]
+        base_logits = self.lm_head(hidden[:, :num_drafts]).float()  # [B, K, V]
+        return self.sample_block(
+            hidden[:, :num_drafts], base_logits, anchor_ids,
+            do_sample=do_sample, logits_processor=logits_processor, prefix_ids=prefix_ids, generator=generator,
+        )
+
+    def sample_block(
+        self,
+        hidden: torch.Tensor,
+        base_logits: torch.Tensor,
+        anchor_ids: torch.LongTensor,
+        *,
+        do_sample: bool = False,
+        logits_processor: LogitsProcessorFn | None = None,
+        prefix_ids: torch.LongTensor | None = None,
+        generator: torch.Generator | None = None,
+    ) -> DraftBlock:
+        """The sequential stage: left to right, bias U_k by the head, process, sample or argmax, score confidence.
+
+        hidden `[B, K, d]`, base_logits `[B, K, V]` float32, anchor_ids `[B]`.
+        """
+        b, num_drafts, _ = base_logits.shape
+        head, conf = self.markov_head, self.confidence_head
+        state = None if head is None else head.init_state(b, hidden.device, hidden.dtype)
+        ids = prefix_ids if prefix_ids is not None else anchor_ids[:, None]
+        prev = anchor_ids
+        tokens, logits, conf_logits = [], [], []
+        for slot in range(num_drafts):
+            h = hidden[:, slot]
+            step_logits = base_logits[:, slot]
+            features = None
+            if head is not None:
+                bias, features, state = head.step(prev, h, state)
+                step_logits = step_logits + bias.float()
+            if conf is not None:
+                conf_logits.append(conf(h, features).float())
+            if logits_processor is not None:
+                step_logits = logits_processor(ids, step_logits)
+            if do_sample:
+                token = torch.multinomial(torch.softmax(step_logits, dim=-1), 1, generator=generator).squeeze(-1)
+            else:
+                token = step_logits.argmax(dim=-1)
+            tokens.append(token)
+            logits.append(step_logits)
+            prev = token
+            if logits_processor is not None:
+                ids = torch.cat([ids, token[:, None]], dim=-1)
+        raw = torch.stack(conf_logits, dim=1) if conf_logits else None
+        confidences = None
+        if raw is not None:
+            confidences = torch.sigmoid(raw / self.sts_temperatures[:num_drafts].to(raw.device))
+        return DraftBlock(
+            tokens=torch.stack(tokens, dim=1),
+            logits=torch.stack(logits, dim=1),
+            confidences=confidences,
+            confidence_logits=raw,
+        )
+
+
+DSparkConfig.register_for_auto_class()
+DSparkDrafter.register_for_auto_class("AutoModel")
+
+__all__ = ["DSparkDrafter", "DSparkPreTrainedModel", "DSparkOutput"]

@@ -1,0 +1,131 @@
+"""Sequential heads and the confidence head of a DSpark drafter (paper section 3.1, 3.2.1).
+
+The parallel backbone produces hidden states h_k and base logits U_k for every block slot at once. A sequential head
+adds a prefix-dependent bias B_k to U_k, computed left to right from the previously chosen token x_{k-1} (x_{-1} is the
+anchor), so that drafts inside one block depend on each other:
+
+* `MarkovHead`:       B_k = W2(W1[x_{k-1}])                                 (low-rank V x V transition)
+* `GatedMarkovHead`:  B_k = W2(sigmoid(G([h_k; W1[x_{k-1}]])) * W1[x_{k-1}])
+* `RNNHead`:          g, c, o = split(L([s_{k-1}; W1[x_{k-1}]; h_k])); s_k = g s_{k-1} + (1 - g) tanh(c);
+                      B_k = W2(tanh(o)), with g = sigmoid(.) and s_0 = 0.
+
+Every head exposes the same two entry points:
+
+* `step(prev_token_ids [B], hidden [B, d], state) -> (bias [B, V], features [B, r], state)` for sampling, and
+* `teacher_forced(prev_token_ids [B, K], hidden [B, K, d]) -> (bias [B, K, V], features [B, K, r])` for training
+  (the previous tokens are [anchor, ground truth ...]); both give identical biases for identical prefixes.
+
+`features` is W1[x_{k-1}], which the confidence head c_k = sigmoid(w . [h_k; W1[x_{k-1}]] + b) also reads. Parameter
+names follow deepseek-ai/DeepSpec (`markov_w1`, `markov_w2`, `gate_proj`, `confidence_head.proj`) so its checkpoints map
+onto ours. Imports nothing from `dspark_hf` (copied next to checkpoints for trust_remote_code loading).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+
+
+class MarkovHead(nn.Module):
+    """First-order low-rank transition bias B(x_{k-1}, .) = W2 W1[x_{k-1}]."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
+        super().__init__()
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+
+    def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> Any:
+        return None
+
+    def _latent(self, features: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        return features
+
+    def step(
+        self, prev_token_ids: torch.Tensor, hidden: torch.Tensor, state: Any
+    ) -> tuple[torch.Tensor, torch.Tensor, Any]:
+        features = self.markov_w1(prev_token_ids)  # [B, r]
+        return self.markov_w2(self._latent(features, hidden)), features, state
+
+    def teacher_forced(self, prev_token_ids: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.markov_w1(prev_token_ids)  # [B, K, r]
+        return self.markov_w2(self._latent(features, hidden)), features
+
+
+class GatedMarkovHead(MarkovHead):
+    """Markov head whose transition embedding is gated by the backbone hidden state (DeepSpec's "gated" variant)."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
+        super().__init__(vocab_size, rank, hidden_size)
+        self.gate_proj = nn.Linear(hidden_size + rank, rank)
+
+    def _latent(self, features: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
+        gate = torch.sigmoid(self.gate_proj(torch.cat([hidden, features.to(hidden.dtype)], dim=-1)))
+        return gate.to(features.dtype) * features
+
+
+class RNNHead(nn.Module):
+    """Gated recurrent head: the state accumulates the whole in-block prefix (paper section 3.1)."""
+
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
+        super().__init__()
+        self.rank = rank
+        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
+        self.rnn_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
+
+    def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+        return torch.zeros(batch_size, self.rank, device=device, dtype=dtype)
+
+    def _cell(self, state: torch.Tensor, features: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        gate, candidate, output = self.rnn_proj(torch.cat([state, features, hidden], dim=-1)).chunk(3, dim=-1)
+        gate = torch.sigmoid(gate)
+        state = gate * state + (1 - gate) * torch.tanh(candidate)
+        return state, self.markov_w2(torch.tanh(output))
+
+    def step(
+        self, prev_token_ids: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        features = self.markov_w1(prev_token_ids).to(hidden.dtype)  # [B, r]
+        state, bias = self._cell(state, features, hidden)
+        return bias, features, state
+
+    def teacher_forced(self, prev_token_ids: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        features = self.markov_w1(prev_token_ids).to(hidden.dtype)  # [B, K, r]
+        state = self.init_state(hidden.shape[0], hidden.device, hidden.dtype)
+        biases = []
+        for k in range(hidden.shape[1]):  # K is the block size (<= 16): a short loop of tiny matmuls
+            state, bias = self._cell(state, features[:, k], hidden[:, k])
+            biases.append(bias)
+        return torch.stack(biases, dim=1), features
+
+
+class ConfidenceHead(nn.Module):
+    """c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])): survival probability of draft k given that drafts < k survived."""
+
+    def __init__(self, input_dim: int) -> None:
+        super().__init__()
+        self.proj = nn.Linear(input_dim, 1)
+
+    def forward(self, hidden: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
+        x = hidden if features is None else torch.cat([hidden, features.to(hidden.dtype)], dim=-1)
+        return self.proj(x).squeeze(-1)  # confidence *logit*
+
+
+SEQUENTIAL_HEAD_CLASSES: dict[str, type[nn.Module]] = {
+    "markov": MarkovHead,
+    "gated_markov": GatedMarkovHead,
+    "rnn": RNNHead,
+}
+
+
+def build_sequential_head(kind: str, vocab_size: int, rank: int, hidden_size: int) -> nn.Module | None:
+    """Returns the head for `kind`, or `None` for "none" (the DFlash baseline)."""
+    if kind == "none":
+        return None
+    try:
+        cls = SEQUENTIAL_HEAD_CLASSES[kind]
+    except KeyError as err:
+        raise ValueError(f"unknown sequential_head {kind!r}; choose one of {sorted(SEQUENTIAL_HEAD_CLASSES)} or 'none'") from err
+    return cls(vocab_size, rank, hidden_size)
