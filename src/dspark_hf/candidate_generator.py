@@ -13,6 +13,7 @@ returns ours, otherwise it calls the original unchanged. Batch size > 1 raises a
 
 from __future__ import annotations
 
+import contextvars
 import functools
 from typing import Any
 
@@ -21,6 +22,9 @@ from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerationMixin
 
 from .modeling_dspark import DSparkDrafter
+
+# Stopping criteria of the running `_assisted_decoding` call, handed to our candidate generator (see install_generate_hook).
+_STOPPING_CRITERIA: contextvars.ContextVar[Any] = contextvars.ContextVar("dspark_stopping_criteria", default=None)
 
 
 class DSparkCandidateGenerator(CandidateGenerator):
@@ -34,6 +38,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         target: torch.nn.Module,
         generation_config: Any,
         logits_processor: Any = None,
+        stopping_criteria: Any = None,
     ) -> None:
         if not drafter.bound_to(target):
             drafter.bind_target(target)
@@ -42,6 +47,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.max_length = int(generation_config.max_length)
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None and len(logits_processor) else None
+        self.stopping_criteria = stopping_criteria if stopping_criteria is not None and len(stopping_criteria) else None
         self.cache = drafter.new_cache()
         self.prefilled = False
         self.rounds = 0
@@ -77,8 +83,26 @@ class DSparkCandidateGenerator(CandidateGenerator):
             num_drafts=num_drafts,
         )
         self.rounds += 1
-        candidates = torch.cat([input_ids, block.tokens.to(input_ids.device)], dim=-1)
-        return candidates, block.logits
+        tokens, logits = block.tokens.to(input_ids.device), block.logits
+        keep = self._drafts_before_stop(input_ids, tokens, logits)
+        if keep == 0:
+            return input_ids, None
+        return torch.cat([input_ids, tokens[:, :keep]], dim=-1), logits[:, :keep]
+
+    def _drafts_before_stop(self, input_ids: torch.LongTensor, tokens: torch.LongTensor, logits: torch.Tensor) -> int:
+        """Number of drafts to propose so that no stopping criterion fires *inside* the verified block.
+
+        transformers checks stopping criteria only after a whole round; a draft that completes a stop condition would
+        let the round run past it. We cut the block before such a draft: if the drafts before it are accepted, the
+        target's own next token completes the stop exactly where plain decoding stops.
+        """
+        if self.stopping_criteria is None:
+            return tokens.shape[1]
+        for j in range(tokens.shape[1]):
+            prefix = torch.cat([input_ids, tokens[:, : j + 1]], dim=-1)
+            if bool(self.stopping_criteria(prefix, logits[:, j].to(input_ids.device)).any()):
+                return j
+        return tokens.shape[1]
 
     def _append_verified_rows(
         self, input_ids: torch.LongTensor, model_kwargs: dict[str, Any], outputs: Any, n_last_matches: int
@@ -131,10 +155,35 @@ def install_generate_hook() -> None:
                     f"dspark_hf.generate(target, drafter, **inputs) or "
                     f"target.generate(**inputs, custom_generate=dspark_hf.speculative_generate, drafter=drafter)."
                 )
-            return DSparkCandidateGenerator(assistant_model, self, generation_config, logits_processor)
+            return DSparkCandidateGenerator(
+                assistant_model, self, generation_config, logits_processor, _STOPPING_CRITERIA.get()
+            )
         return original(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                         assistant_model=assistant_model, target_tokenizer=target_tokenizer,
                         assistant_tokenizer=assistant_tokenizer)
 
+    original_loop = GenerationMixin._assisted_decoding
+
+    @functools.wraps(original_loop)
+    def _assisted_decoding(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs):
+        token = _STOPPING_CRITERIA.set(stopping_criteria)
+        try:
+            return original_loop(self, input_ids, logits_processor, stopping_criteria, generation_config, *args, **kwargs)
+        finally:
+            _STOPPING_CRITERIA.reset(token)
+
+    original_validate = GenerationMixin._validate_generation_mode
+
+    @functools.wraps(original_validate)
+    def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs):
+        # Check the drafter's target fingerprint before transformers' generic checks, whose message for a vocab
+        # mismatch ("different tokenizers") would point the user in the wrong direction.
+        drafter = (generation_mode_kwargs or {}).get("assistant_model")
+        if isinstance(drafter, DSparkDrafter):
+            drafter.check_target(self)
+        return original_validate(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs)
+
     _get_candidate_generator._dspark_hook = True  # type: ignore[attr-defined]
+    GenerationMixin._validate_generation_mode = _validate_generation_mode
     GenerationMixin._get_candidate_generator = _get_candidate_generator
+    GenerationMixin._assisted_decoding = _assisted_decoding

@@ -218,10 +218,37 @@ class DSparkDrafter(DSparkPreTrainedModel):
         if config.confidence_head:
             extra = config.markov_rank if self.markov_head is not None else 0
             self.confidence_head = ConfidenceHead(d + extra)
-        self.register_buffer("sts_temperatures", torch.ones(config.block_size), persistent=False)
         self._bound: dict[str, nn.Module] = {}
         self.post_init()
         self.set_sts_temperatures(config.sts_temperatures)
+
+    # ------------------------------------------------------------------ loading
+    @classmethod
+    def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs) -> "DSparkDrafter":
+        """`PreTrainedModel.from_pretrained`, made strict: a checkpoint that cannot be read, or whose weights do not
+        cover this drafter exactly (missing, unexpected or mis-shaped tensors), raises instead of loading half-random
+        weights. Pass `target=` to bind the loaded drafter to its target (fingerprint checked)."""
+        target = kwargs.pop("target", None)
+        want_info = kwargs.pop("output_loading_info", False)
+        try:
+            model, info = super().from_pretrained(
+                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+            )
+        except (OSError, ValueError, RuntimeError, KeyError) as err:
+            raise type(err)(f"could not load a DSpark drafter from {pretrained_model_name_or_path!s}: {err}") from err
+        except Exception as err:  # e.g. safetensors' own error type for a truncated file
+            raise OSError(
+                f"could not load a DSpark drafter from {pretrained_model_name_or_path!s} (corrupted checkpoint?): {err}"
+            ) from err
+        problems = {k: sorted(v) for k, v in info.items() if k in ("missing_keys", "unexpected_keys", "mismatched_keys") and v}
+        if problems:
+            raise ValueError(
+                f"the checkpoint at {pretrained_model_name_or_path!s} does not match this drafter's architecture: "
+                + "; ".join(f"{k}: {v[:8]}{' ...' if len(v) > 8 else ''}" for k, v in problems.items())
+            )
+        if target is not None:
+            model.bind_target(target)
+        return (model, info) if want_info else model
 
     # ------------------------------------------------------------------ target binding
     @classmethod
@@ -290,8 +317,6 @@ class DSparkDrafter(DSparkPreTrainedModel):
         if any(not t > 0 for t in temperatures):
             raise ValueError(f"sts_temperatures must be > 0, got {temperatures}")
         self.config.sts_temperatures = temperatures
-        values = torch.tensor(temperatures or [1.0] * self.config.block_size, dtype=torch.float32)
-        self.sts_temperatures.data = values.to(self.sts_temperatures.device)
 
     # ------------------------------------------------------------------ shared pieces
     def context_features(self, hidden_states: Sequence[torch.Tensor | None]) -> torch.Tensor:
@@ -489,7 +514,12 @@ class DSparkDrafter(DSparkPreTrainedModel):
         raw = torch.stack(conf_logits, dim=1) if conf_logits else None
         confidences = None
         if raw is not None:
-            confidences = torch.sigmoid(raw / self.sts_temperatures[:num_drafts].to(raw.device))
+            if self.config.sts_temperatures:  # read from the config: it is what save_pretrained / calibration write
+                temps = torch.tensor(self.config.sts_temperatures[:num_drafts], dtype=raw.dtype, device=raw.device)
+                raw_scaled = raw / temps
+            else:
+                raw_scaled = raw
+            confidences = torch.sigmoid(raw_scaled)
         return DraftBlock(
             tokens=torch.stack(tokens, dim=1),
             logits=torch.stack(logits, dim=1),
