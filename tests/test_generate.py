@@ -56,9 +56,10 @@ def oracle_for(target, correct: int, block_size: int = 4) -> OracleDrafter:
 PROMPTS = [[5, 17, 33, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7]]
 
 
-@pytest.mark.parametrize("head", ["markov", "gated_markov", "rnn", "none"])
-def test_greedy_untrained_drafter_equals_target(target, head):
-    drafter = make_drafter(target, sequential_head=head, block_size=5)
+@pytest.mark.parametrize("head, candidates", [("markov", None), ("gated_markov", None), ("rnn", None), ("none", None),
+                                              ("markov", 8), ("rnn", 3)])
+def test_greedy_untrained_drafter_equals_target(target, head, candidates):
+    drafter = make_drafter(target, sequential_head=head, block_size=5, draft_candidates=candidates)
     for prompt in PROMPTS:
         ids = torch.tensor([prompt])
         ref = target.generate(ids, max_new_tokens=40, do_sample=False)
@@ -85,6 +86,11 @@ def test_greedy_with_forced_acceptance_length(target, correct):
     steps = [b - a for a, b in zip(oracle.prefix_lengths, oracle.prefix_lengths[1:])]
     # each round emits accepted drafts + 1 target token
     assert steps and all(s == min(correct, 4) + 1 for s in steps), steps
+    stats = oracle.last_speculation_stats
+    assert stats.rounds == len(oracle.prefix_lengths)
+    assert all(a == min(correct, p) for a, p in zip(stats.accepted, stats.proposed)), stats
+    full_rounds = [a for a, p in zip(stats.accepted, stats.proposed) if p == 4]
+    assert full_rounds and stats.mean_accepted_length >= 1.0
 
 
 def test_all_accepted_drafter_needs_few_rounds(target):
@@ -184,13 +190,15 @@ def exact_joint(target, prompt, n_tokens, temperature, top_k, top_p) -> torch.Te
     return probs.gather(2, seqs[..., None]).squeeze(-1).prod(dim=1)
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p", [(0.8, None, None), (1.3, 3, 0.9)])
-def test_sampling_matches_the_target_distribution(temperature, top_k, top_p):
+@pytest.mark.parametrize("temperature, top_k, top_p, candidates", [(0.8, None, None, None), (1.3, 3, 0.9, None),
+                                                                   (1.0, None, None, 2)])
+def test_sampling_matches_the_target_distribution(temperature, top_k, top_p, candidates):
     """The first 3 generated tokens over V^3 = 64 outcomes: the speculative empirical distribution is within a stated
     TV bound of the enumerated target distribution; the bound is 2.5x the TV expected from exact sampling with the
-    same number of runs. Drafts are far from the target (checked), so a lossy verifier would not pass."""
+    same number of runs. Drafts are far from the target (checked), so a lossy verifier would not pass. With
+    `draft_candidates=2` the draft distribution is zero outside each slot's 2 candidates: still lossless."""
     target = make_target("llama", vocab_size=4, seed=3, sharpen=6.0)
-    drafter = make_drafter(target, block_size=3, markov_rank=4, seed=4)
+    drafter = make_drafter(target, block_size=3, markov_rank=4, seed=4, draft_candidates=candidates)
     with torch.no_grad():  # a strong transition bias: drafts far from the target, dependent on the previous draft
         drafter.markov_head.markov_w2.weight.normal_(0.0, 8.0, generator=torch.Generator().manual_seed(0))
     prompt, n_runs, n_tokens = [1, 2, 3, 1], 2500, 3

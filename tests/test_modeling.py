@@ -88,14 +88,38 @@ def test_sequential_step_equals_teacher_forcing(kind):
     hidden = torch.randn(3, 5, 12)
     tf_bias, tf_feat = head.teacher_forced(prev, hidden)
     state = head.init_state(3, hidden.device, hidden.dtype)
+    cands = torch.randint(0, 30, (3, 6))
     for k in range(5):
-        bias, feat, state = head.step(prev[:, k], hidden[:, k], state)
+        latent, feat, state = head.step(prev[:, k], hidden[:, k], state)
+        bias = head.project(latent)
         assert torch.allclose(bias, tf_bias[:, k], atol=1e-5)
         assert torch.allclose(feat, tf_feat[:, k])
+        # restricted to candidate ids: exactly the full bias at those ids
+        assert torch.allclose(head.project(latent, cands), bias.gather(1, cands), atol=1e-5)
     if kind == "rnn":  # the RNN state carries the whole prefix: changing x_0 changes the bias at slot 3
         other = prev.clone()
         other[:, 0] = (other[:, 0] + 1) % 30
         assert not torch.allclose(head.teacher_forced(other, hidden)[0][:, 3], tf_bias[:, 3])
+
+
+def test_candidate_restriction_is_an_exact_distribution_over_the_candidates(target):
+    drafter = make_drafter(target, block_size=5)
+    ids = torch.randint(1, 96, (1, 14), generator=torch.Generator().manual_seed(7))
+    full = cached_draft(drafter, target, ids, 11)
+    hs = target_hidden(target, ids)
+    cache = drafter.new_cache()
+    drafter.append_context(cache, drafter.context_features(hs)[:, :11], torch.arange(11)[None])
+    # every candidate: the same drafts and logits as the full vocabulary
+    every = drafter.draft(cache, ids[:, 11], candidates=96)
+    assert torch.equal(every.tokens, full.tokens) and torch.allclose(every.logits, full.logits, atol=1e-5)
+    few = drafter.draft(cache, ids[:, 11], candidates=8)
+    finite = torch.isfinite(few.logits)
+    assert (finite.sum(-1) == 8).all()  # zero probability outside the 8 candidates of each slot
+    assert finite.gather(2, few.tokens[..., None]).all()  # drafts are among them
+    # slot 0 (previous token = the anchor in both): within the candidates, the full-vocabulary corrected logits
+    assert torch.allclose(few.logits[:, 0][finite[:, 0]], full.logits[:, 0][finite[:, 0]], atol=1e-5)
+    sampled = drafter.draft(cache, ids[:, 11], candidates=8, do_sample=True, generator=torch.Generator().manual_seed(0))
+    assert torch.isfinite(sampled.logits.gather(2, sampled.tokens[..., None])).all()
 
 
 def test_sts_temperatures_scale_the_confidence_logit(target, drafter):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoModel
 
-from .candidate_generator import DSparkCandidateGenerator, install_generate_hook
+from .candidate_generator import DSparkCandidateGenerator, SpeculationStats, install_generate_hook
 from .configuration_dspark import DSparkConfig
 from .drafting import DraftBlock, DSparkContextCache
 from .modeling_dspark import DSparkDrafter, DSparkOutput
@@ -35,6 +35,7 @@ __all__ = [
     "DSparkOutput",
     "DraftBlock",
     "SamplingParams",
+    "SpeculationStats",
     "VerificationResult",
     "greedy_verify",
     "rejection_verify",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -25,6 +26,28 @@ from .modeling_dspark import DSparkDrafter
 
 # Stopping criteria of the running `_assisted_decoding` call, handed to our candidate generator (see install_generate_hook).
 _STOPPING_CRITERIA: contextvars.ContextVar[Any] = contextvars.ContextVar("dspark_stopping_criteria", default=None)
+
+
+@dataclass
+class SpeculationStats:
+    """Per-call statistics of a speculative `generate()` (batch size 1).
+
+    Attributes:
+        accepted: drafts accepted in each verification round (the round's emitted tokens are accepted + 1).
+        proposed: drafts proposed in each round.
+    """
+
+    accepted: list[int] = field(default_factory=list)
+    proposed: list[int] = field(default_factory=list)
+
+    @property
+    def rounds(self) -> int:
+        return len(self.accepted)
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """tau: mean tokens emitted per verification round, bonus token included."""
+        return sum(a + 1 for a in self.accepted) / max(1, len(self.accepted))
 
 
 class DSparkCandidateGenerator(CandidateGenerator):
@@ -50,8 +73,10 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.stopping_criteria = stopping_criteria if stopping_criteria is not None and len(stopping_criteria) else None
         self.cache = drafter.new_cache()
         self.prefilled = False
-        self.rounds = 0
-        self.accepted: list[int] = []
+        self.stats = SpeculationStats()
+        self._proposed = 0
+        # The latest call's statistics stay readable on the drafter (transformers creates this object per call).
+        drafter.last_speculation_stats = self.stats
 
     def get_candidates(
         self,
@@ -82,9 +107,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
             prefix_ids=input_ids.to(device),
             num_drafts=num_drafts,
         )
-        self.rounds += 1
         tokens, logits = block.tokens.to(input_ids.device), block.logits
         keep = self._drafts_before_stop(input_ids, tokens, logits)
+        self._proposed = keep
         if keep == 0:
             return input_ids, None
         return torch.cat([input_ids, tokens[:, :keep]], dim=-1), logits[:, :keep]
@@ -130,12 +155,16 @@ class DSparkCandidateGenerator(CandidateGenerator):
             start = self.cache.next_position
             positions = start[:, None] + torch.arange(num_rows, device=device)
             valid = torch.ones(1, num_rows, dtype=torch.bool, device=device)
-            self.accepted.append(n_last_matches)
         self.drafter.append_context(self.cache, features, positions, valid)
         self.prefilled = True
 
     def update_candidate_strategy(self, input_ids: torch.LongTensor, scores: torch.Tensor, num_matches: int) -> None:
-        """The block size is fixed; verification-length policies live in the batched loop (`dspark_hf.generate`)."""
+        """Records the round's outcome. The block size is fixed here; verification-length policies live in the
+        batched loop (`dspark_hf.generate`)."""
+        if self._proposed > 0:
+            self.stats.accepted.append(int(num_matches))
+            self.stats.proposed.append(self._proposed)
+        self._proposed = 0
 
 
 def install_generate_hook() -> None:

@@ -48,6 +48,10 @@ class DSparkConfig(PreTrainedConfig):
         sts_temperatures: one temperature per block position applied to the confidence logit (STS).
         mask_token_id: optional target token whose embedding fills the mask slots; `None` (default) uses a
             learned mask embedding, so targets without a spare id work.
+        draft_candidates: if set (M), the sequential loop scores only the M highest base logits of each slot, so
+            each step reads M rows of the Markov W2 instead of all V (on a CPU the full-vocabulary loop costs as
+            much as the parallel forward). The draft distribution is then the softmax over those M candidates;
+            verification uses exactly it, so decoding stays lossless. `None` scores the full vocabulary.
         target_*: fingerprint of the target the drafter was built for.
     """
 
@@ -74,6 +78,7 @@ class DSparkConfig(PreTrainedConfig):
     loss_decay: float | None = None
     sts_temperatures: list[float] | None = None
     mask_token_id: int | None = None
+    draft_candidates: int | None = None
     target_name_or_path: str | None = None
     target_vocab_size: int | None = None
     target_hidden_size: int | None = None
@@ -137,6 +142,8 @@ class DSparkConfig(PreTrainedConfig):
                 )
             if any(not t > 0 for t in self.sts_temperatures):
                 raise ValueError(f"DSparkConfig.sts_temperatures must all be > 0, got {self.sts_temperatures}.")
+        if self.draft_candidates is not None and self.draft_candidates < 1:
+            raise ValueError(f"DSparkConfig.draft_candidates must be >= 1 or None, got {self.draft_candidates}.")
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(
                 f"DSparkConfig.mask_token_id must lie in [0, vocab_size={self.vocab_size}), got {self.mask_token_id}."

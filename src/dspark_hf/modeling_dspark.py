@@ -23,7 +23,7 @@ Imports nothing from `dspark_hf` by absolute path so `save_pretrained` can ship 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -37,6 +37,14 @@ from .drafting import DraftBlock, DSparkContextCache
 from .sequential_heads import ConfidenceHead, build_sequential_head
 
 LogitsProcessorFn = Callable[[torch.LongTensor, torch.Tensor], torch.Tensor]
+
+
+class SamplingParamsLike(Protocol):
+    """What `sample_block` needs from a sampling configuration (`dspark_hf.SamplingParams` satisfies it)."""
+
+    do_sample: bool
+
+    def warp(self, logits: torch.Tensor) -> torch.Tensor: ...
 
 
 class DSparkRMSNorm(nn.Module):
@@ -219,6 +227,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
             extra = config.markov_rank if self.markov_head is not None else 0
             self.confidence_head = ConfidenceHead(d + extra)
         self._bound: dict[str, nn.Module] = {}
+        self.last_speculation_stats = None  # set by generate(assistant_model=self): see SpeculationStats
         self.post_init()
         self.set_sts_temperatures(config.sts_temperatures)
 
@@ -428,10 +437,12 @@ class DSparkDrafter(DSparkPreTrainedModel):
         *,
         anchor_positions: torch.LongTensor | None = None,
         do_sample: bool = False,
+        sampling: SamplingParamsLike | None = None,
         logits_processor: LogitsProcessorFn | None = None,
         prefix_ids: torch.LongTensor | None = None,
         generator: torch.Generator | None = None,
         num_drafts: int | None = None,
+        candidates: int | None = None,
     ) -> DraftBlock:
         """One drafting round: a parallel backbone forward, then the sequential loop.
 
@@ -440,11 +451,13 @@ class DSparkDrafter(DSparkPreTrainedModel):
             anchor_ids: `[B]` the last verified (bonus) token of every row.
             anchor_positions: `[B]` their positions; defaults to `cache.next_position`.
             do_sample: sample drafts from the processed distribution; otherwise take its argmax.
+            sampling: alternatively, a `SamplingParams` (do_sample, temperature, top-k, top-p) applied to each slot.
             logits_processor: applied to each slot's Markov-corrected logits, called as
                 `processor(ids [B, L], scores [B, V])` with the ids so far (HF `LogitsProcessorList` works).
             prefix_ids: `[B, L]` the sequence before the drafts (needed only by id-dependent processors).
             generator: RNG for sampling.
             num_drafts: stop the sequential loop after this many slots (default `block_size`).
+            candidates: override `config.draft_candidates` (0 = score the full vocabulary).
         Returns:
             a `DraftBlock` with tokens `[B, K]`, processed logits `[B, K, V]` and confidences `[B, K]`.
         """
@@ -465,10 +478,24 @@ class DSparkDrafter(DSparkPreTrainedModel):
             self.block_embeddings(anchor_ids), positions, lambda i: (cache.keys[i], cache.values[i]), mask
         )  # [B, K, d]
         base_logits = self.lm_head(hidden[:, :num_drafts]).float()  # [B, K, V]
+        prepared = self.prepare_candidates(base_logits, candidates)
         return self.sample_block(
-            hidden[:, :num_drafts], base_logits, anchor_ids,
-            do_sample=do_sample, logits_processor=logits_processor, prefix_ids=prefix_ids, generator=generator,
+            hidden[:, :num_drafts], base_logits, anchor_ids, do_sample=do_sample, sampling=sampling,
+            logits_processor=logits_processor, prefix_ids=prefix_ids, generator=generator, prepared=prepared,
         )
+
+    def prepare_candidates(
+        self, base_logits: torch.Tensor, candidates: int | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None:
+        """Block-parallel part of the candidate restriction (`config.draft_candidates`, overridden by `candidates`;
+        0 = full vocabulary): top-M base logits `[B, K, M]`, their ids, and the head's W2 rows for them
+        `[B, K, M, r]`. `None` when the loop scores the full vocabulary."""
+        m = self.config.draft_candidates if candidates is None else candidates
+        if not m or m >= base_logits.shape[-1]:
+            return None
+        values, ids = base_logits.topk(m, dim=-1)
+        rows = self.markov_head.candidate_rows(ids) if self.markov_head is not None else None
+        return values, ids, rows
 
     def sample_block(
         self,
@@ -477,52 +504,80 @@ class DSparkDrafter(DSparkPreTrainedModel):
         anchor_ids: torch.LongTensor,
         *,
         do_sample: bool = False,
+        sampling: "SamplingParamsLike | None" = None,
         logits_processor: LogitsProcessorFn | None = None,
         prefix_ids: torch.LongTensor | None = None,
         generator: torch.Generator | None = None,
+        candidates: int | None = None,
+        prepared: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None,
     ) -> DraftBlock:
         """The sequential stage: left to right, bias U_k by the head, process, sample or argmax, score confidence.
 
-        hidden `[B, K, d]`, base_logits `[B, K, V]` float32, anchor_ids `[B]`.
+        hidden `[B, K, d]`, base_logits `[B, K, V]` float32, anchor_ids `[B]`. Logits processing comes either from
+        `sampling` (an object with `.warp(logits)` and `.do_sample`, e.g. `SamplingParams`; applied to the candidate
+        logits directly) or from an HF-style `logits_processor(ids, scores [B, V])`. `candidates` overrides
+        `config.draft_candidates` (0 = full vocabulary); `prepared` passes `prepare_candidates`' result instead.
         """
-        b, num_drafts, _ = base_logits.shape
-        head, conf = self.markov_head, self.confidence_head
+        b, num_drafts, vocab = base_logits.shape
+        if sampling is not None:
+            do_sample = bool(sampling.do_sample)
+        if prepared is None:
+            prepared = self.prepare_candidates(base_logits, candidates)
+        restrict = prepared is not None
+        head = self.markov_head
+        if restrict:
+            cand_values, cand_ids, cand_rows = prepared  # [B, K, M], [B, K, M], [B, K, M, r]
         state = None if head is None else head.init_state(b, hidden.device, hidden.dtype)
         ids = prefix_ids if prefix_ids is not None else anchor_ids[:, None]
         prev = anchor_ids
-        tokens, logits, conf_logits = [], [], []
+        compact = restrict and logits_processor is None  # keep [B, M] logits until the end
+        tokens, logits, features_all = [], [], []
         for slot in range(num_drafts):
-            h = hidden[:, slot]
-            step_logits = base_logits[:, slot]
-            features = None
-            if head is not None:
-                bias, features, state = head.step(prev, h, state)
-                step_logits = step_logits + bias.float()
-            if conf is not None:
-                conf_logits.append(conf(h, features).float())
-            if logits_processor is not None:
-                step_logits = logits_processor(ids, step_logits)
-            if do_sample:
-                token = torch.multinomial(torch.softmax(step_logits, dim=-1), 1, generator=generator).squeeze(-1)
+            if restrict:
+                step_logits = cand_values[:, slot]
+                if head is not None:
+                    latent, features, state = head.step(prev, hidden[:, slot], state)
+                    step_logits = step_logits + head.project_rows(latent, cand_rows[:, slot]).float()
             else:
-                token = step_logits.argmax(dim=-1)
+                step_logits = base_logits[:, slot]
+                if head is not None:
+                    latent, features, state = head.step(prev, hidden[:, slot], state)
+                    step_logits = step_logits + head.project(latent).float()
+            if head is not None:
+                features_all.append(features)
+            if logits_processor is not None:
+                if restrict:  # HF processors need the whole vocabulary; tokens outside the candidates stay at -inf
+                    step_logits = base_logits.new_full((b, vocab), float("-inf")).scatter(
+                        1, cand_ids[:, slot], step_logits)
+                step_logits = logits_processor(ids, step_logits)
+            elif sampling is not None:
+                step_logits = sampling.warp(step_logits)
+            if do_sample:
+                pick = torch.multinomial(torch.softmax(step_logits, dim=-1), 1, generator=generator).squeeze(-1)
+            else:
+                pick = step_logits.argmax(dim=-1)
+            token = cand_ids[:, slot].gather(1, pick[:, None]).squeeze(1) if compact else pick
+            if logits_processor is not None:  # id-dependent processors see the drafts so far
+                ids = torch.cat([ids, token[:, None]], dim=-1)
             tokens.append(token)
             logits.append(step_logits)
             prev = token
-            if logits_processor is not None:
-                ids = torch.cat([ids, token[:, None]], dim=-1)
-        raw = torch.stack(conf_logits, dim=1) if conf_logits else None
-        confidences = None
-        if raw is not None:
+        stacked = torch.stack(logits, dim=1)
+        if compact:  # the exact draft distribution: softmax over the candidates, zero elsewhere
+            stacked = base_logits.new_full((b, num_drafts, vocab), float("-inf")).scatter(2, cand_ids, stacked.float())
+        raw = confidences = None
+        if self.confidence_head is not None:
+            # c_k reads h_k and W1[x_{k-1}]; it does not steer sampling, so it is scored once for the whole block.
+            feats = torch.stack(features_all, dim=1) if features_all else None
+            raw = self.confidence_head(hidden[:, :num_drafts], feats).float()  # [B, K]
             if self.config.sts_temperatures:  # read from the config: it is what save_pretrained / calibration write
                 temps = torch.tensor(self.config.sts_temperatures[:num_drafts], dtype=raw.dtype, device=raw.device)
-                raw_scaled = raw / temps
+                confidences = torch.sigmoid(raw / temps)
             else:
-                raw_scaled = raw
-            confidences = torch.sigmoid(raw_scaled)
+                confidences = torch.sigmoid(raw)
         return DraftBlock(
             tokens=torch.stack(tokens, dim=1),
-            logits=torch.stack(logits, dim=1),
+            logits=stacked,
             confidences=confidences,
             confidence_logits=raw,
         )

@@ -9,11 +9,13 @@ anchor), so that drafts inside one block depend on each other:
 * `RNNHead`:          g, c, o = split(L([s_{k-1}; W1[x_{k-1}]; h_k])); s_k = g s_{k-1} + (1 - g) tanh(c);
                       B_k = W2(tanh(o)), with g = sigmoid(.) and s_0 = 0.
 
-Every head exposes the same two entry points:
+Every head exposes the same entry points:
 
-* `step(prev_token_ids [B], hidden [B, d], state) -> (bias [B, V], features [B, r], state)` for sampling, and
+* `step(prev_token_ids [B], hidden [B, d], state) -> (latent [B, r], features [B, r], state)` for sampling,
+* `project(latent, candidates=None)`: the bias W2(latent), over the full vocabulary `[B, V]` or, given candidate ids
+  `[B, M]`, only over them `[B, M]` (reads M rows of W2 instead of all V: what keeps the loop light on a CPU), and
 * `teacher_forced(prev_token_ids [B, K], hidden [B, K, d]) -> (bias [B, K, V], features [B, K, r])` for training
-  (the previous tokens are [anchor, ground truth ...]); both give identical biases for identical prefixes.
+  (the previous tokens are [anchor, ground truth ...]); identical biases for identical prefixes.
 
 `features` is W1[x_{k-1}], which the confidence head c_k = sigmoid(w . [h_k; W1[x_{k-1}]] + b) also reads. Parameter
 names follow deepseek-ai/DeepSpec (`markov_w1`, `markov_w2`, `gate_proj`, `confidence_head.proj`) so its checkpoints map
@@ -28,7 +30,28 @@ import torch
 from torch import nn
 
 
-class MarkovHead(nn.Module):
+class _LowRankBias(nn.Module):
+    """Shared W2 projection of a rank-r latent to vocabulary logits."""
+
+    markov_w2: nn.Linear
+
+    def project(self, latent: torch.Tensor, candidates: torch.Tensor | None = None) -> torch.Tensor:
+        """latent `[B, r]` -> bias `[B, V]`, or `[B, M]` restricted to `candidates` `[B, M]`."""
+        if candidates is None:
+            return self.markov_w2(latent)
+        return self.project_rows(latent, self.candidate_rows(candidates))
+
+    def candidate_rows(self, candidates: torch.Tensor) -> torch.Tensor:
+        """The W2 rows of candidate ids `[..., M]` -> `[..., M, r]` (gathered once per block, outside the loop)."""
+        return self.markov_w2.weight[candidates]
+
+    @staticmethod
+    def project_rows(latent: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """latent `[B, r]`, rows `[B, M, r]` -> bias `[B, M]`."""
+        return torch.bmm(rows, latent.to(rows.dtype)[:, :, None]).squeeze(-1)
+
+
+class MarkovHead(_LowRankBias):
     """First-order low-rank transition bias B(x_{k-1}, .) = W2 W1[x_{k-1}]."""
 
     def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
@@ -46,7 +69,7 @@ class MarkovHead(nn.Module):
         self, prev_token_ids: torch.Tensor, hidden: torch.Tensor, state: Any
     ) -> tuple[torch.Tensor, torch.Tensor, Any]:
         features = self.markov_w1(prev_token_ids)  # [B, r]
-        return self.markov_w2(self._latent(features, hidden)), features, state
+        return self._latent(features, hidden), features, state
 
     def teacher_forced(self, prev_token_ids: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         features = self.markov_w1(prev_token_ids)  # [B, K, r]
@@ -65,7 +88,7 @@ class GatedMarkovHead(MarkovHead):
         return gate.to(features.dtype) * features
 
 
-class RNNHead(nn.Module):
+class RNNHead(_LowRankBias):
     """Gated recurrent head: the state accumulates the whole in-block prefix (paper section 3.1)."""
 
     def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
@@ -79,26 +102,27 @@ class RNNHead(nn.Module):
         return torch.zeros(batch_size, self.rank, device=device, dtype=dtype)
 
     def _cell(self, state: torch.Tensor, features: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """-> (new state, latent tanh(o)), both `[B, r]`."""
         gate, candidate, output = self.rnn_proj(torch.cat([state, features, hidden], dim=-1)).chunk(3, dim=-1)
         gate = torch.sigmoid(gate)
         state = gate * state + (1 - gate) * torch.tanh(candidate)
-        return state, self.markov_w2(torch.tanh(output))
+        return state, torch.tanh(output)
 
     def step(
         self, prev_token_ids: torch.Tensor, hidden: torch.Tensor, state: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         features = self.markov_w1(prev_token_ids).to(hidden.dtype)  # [B, r]
-        state, bias = self._cell(state, features, hidden)
-        return bias, features, state
+        state, latent = self._cell(state, features, hidden)
+        return latent, features, state
 
     def teacher_forced(self, prev_token_ids: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         features = self.markov_w1(prev_token_ids).to(hidden.dtype)  # [B, K, r]
         state = self.init_state(hidden.shape[0], hidden.device, hidden.dtype)
-        biases = []
+        latents = []
         for k in range(hidden.shape[1]):  # K is the block size (<= 16): a short loop of tiny matmuls
-            state, bias = self._cell(state, features[:, k], hidden[:, k])
-            biases.append(bias)
-        return torch.stack(biases, dim=1), features
+            state, latent = self._cell(state, features[:, k], hidden[:, k])
+            latents.append(latent)
+        return self.markov_w2(torch.stack(latents, dim=1)), features
 
 
 class ConfidenceHead(nn.Module):

@@ -1,0 +1,76 @@
+"""Provenance for measurements: git commit, package versions, device, and atomic JSON / text writes.
+
+Every benchmark writes its numbers together with `provenance()` so that a figure in README.md or RESULTS.md can be
+traced to the code and machine that produced it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import subprocess
+import tempfile
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
+    """The current commit (with `-dirty` when the tree has changes), or None outside a git checkout."""
+    try:
+        cwd = cwd or Path(__file__).resolve().parent
+        commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=cwd, capture_output=True, text=True, timeout=10)
+        if commit.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=cwd,
+                               capture_output=True, text=True, timeout=10)
+        return commit.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def device_description(device: torch.device | str | None = None) -> str:
+    device = torch.device(device or "cpu")
+    if device.type == "cuda" and torch.cuda.is_available():
+        return torch.cuda.get_device_name(device)
+    return f"{platform.processor() or platform.machine()} CPU x{os.cpu_count()} (torch threads {torch.get_num_threads()})"
+
+
+def provenance(device: torch.device | str | None = None, **extra: Any) -> dict[str, Any]:
+    """A dict describing where and with what a measurement was made."""
+    import transformers
+
+    from . import __version__
+
+    return {
+        "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "git_commit": git_commit(),
+        "dspark_hf": __version__,
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,
+        "python": platform.python_version(),
+        "device": device_description(device),
+        **extra,
+    }
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> None:
+    """Writes `text` to `path` via a temporary file and a rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, data: Any) -> None:
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=False) + "\n")
