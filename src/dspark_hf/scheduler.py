@@ -1,0 +1,162 @@
+"""Verification-length policies: how many drafts each request of a batch verifies (paper 3.2.2, 5.2, Appendix A).
+
+Pure functions from a `[R, K]` tensor of per-position confidences c_{r,j} (the probability that draft j survives given
+that drafts < j did) and a cost curve SPS(B) (target forward steps per second at a verification batch of B tokens) to
+per-request lengths `[R]` in 0..K.
+
+* `prefix_survival`: a_{r,j} = prod_{i<=j} c_{r,i}.
+* `fixed_lengths`: verify the whole block.
+* `threshold_lengths`: a static cut, l_r = #{j : a_{r,j} >= threshold}.
+* `schedule_prefix` (Algorithm 1): admit candidates (r, j) globally in descending a_{r,j}; the batch is
+  B = sum_r (1 + l_r) tokens and the expected emitted tokens tau = sum_r (1 + sum_{j<=l_r} a_{r,j}); keep an admission
+  while Theta = tau * SPS(B) improves and **stop at the first non-improvement**. The break is what keeps decoding
+  lossless: the admission of x_j must not depend on x_j, and a_{r,j+1} does (the confidence head reads x_j).
+  `early_stop=False` gives the global search, which is NOT lossless on live confidences (Appendix A) and exists for
+  tests and for `async_lengths`.
+* `async_lengths` (section 5.2): the token budget K comes from a global search over confidences two steps old (no
+  break needed: they cannot depend on the current drafts), then the current candidates are admitted top-K by their
+  current survival. Ties are broken by position then request, so (r, j) always precedes (r, j + 1) and a decision on
+  x_j never reads x_j.
+
+Every function runs on a few thousand candidates in well under a millisecond (R = 256, K = 16 is 4096).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Union
+
+import numpy as np
+import torch
+
+SPSLike = Union[Callable[[torch.Tensor], torch.Tensor], Callable[[int], float], "object"]
+
+
+def _check_confidences(confidences: torch.Tensor) -> torch.Tensor:
+    if confidences.dim() != 2:
+        raise ValueError(f"confidences must be [R, K], got shape {tuple(confidences.shape)}")
+    confidences = confidences.detach().float()
+    if torch.isnan(confidences).any():
+        raise ValueError("confidences contain NaN; check the drafter's confidence head (and its STS temperatures)")
+    if ((confidences < 0) | (confidences > 1)).any():
+        raise ValueError("confidences must lie in [0, 1]")
+    return confidences
+
+
+def prefix_survival(confidences: torch.Tensor) -> torch.Tensor:
+    """a_{r,j} = prod_{i<=j} c_{r,i}: `[R, K]` -> `[R, K]`."""
+    return torch.cumprod(_check_confidences(confidences), dim=1)
+
+
+def sps_values(sps: SPSLike, batch_tokens: torch.Tensor) -> torch.Tensor:
+    """SPS(B) for every B in `batch_tokens` (1-D long tensor), as float64.
+
+    `sps` is an `SPSTable` (anything with `.steps_per_second(tensor)`), a vectorised callable on a tensor, or a plain
+    callable on ints (e.g. the paper's toy curves `lambda b: {1: 1.0, 2: 0.5}[b]`)."""
+    if hasattr(sps, "steps_per_second"):
+        values = sps.steps_per_second(batch_tokens)
+    elif callable(sps):
+        try:
+            values = sps(batch_tokens)
+            if not isinstance(values, torch.Tensor) or values.shape != batch_tokens.shape:
+                raise TypeError
+        except (TypeError, KeyError, ValueError, RuntimeError, IndexError):
+            values = torch.tensor([float(sps(int(b))) for b in batch_tokens.tolist()])
+    else:
+        raise TypeError(f"sps must be an SPSTable or a callable B -> steps/s, got {type(sps).__name__}")
+    values = torch.as_tensor(values, dtype=torch.float64)
+    if torch.isnan(values).any() or (values <= 0).any():
+        raise ValueError("SPS(B) must be positive for every batch size the scheduler considers")
+    return values
+
+
+_TIE_BREAK = 2.0**-40  # far below the float32 spacing of survivals near 1, far above float64 rounding there
+
+
+def _sorted_candidates(survival: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Flattened candidates sorted by survival descending, ties by position j then request r.
+
+    Returns (values [R*K] float64, row index [R*K]). The order is a deterministic function of (a, j, r) in which
+    (r, j + 1) always comes after (r, j), so whether (r, j) is admitted never depends on a_{r, j+1} (which reads x_j).
+    Ties are broken by a tiny position-major offset, which lets a fast unstable sort do the work (numpy's quicksort
+    on 4096 keys takes tens of microseconds; a stable sort takes several times longer)."""
+    r, k = survival.shape
+    flat = survival.t().reshape(-1).double().numpy()  # position-major: index = j * R + r
+    keys = flat - np.arange(flat.size) * _TIE_BREAK
+    order = np.argsort(-keys, kind="quicksort")
+    rows = np.tile(np.arange(r), k)[order]
+    return torch.from_numpy(flat[order]), torch.from_numpy(rows)
+
+
+def _throughput_curve(sorted_values: torch.Tensor, num_requests: int, sps: SPSLike) -> torch.Tensor:
+    """Theta_n for n = 0..N admitted candidates: (R + sum of the first n) * SPS(R + n). float64 `[N + 1]`."""
+    tau = num_requests + torch.cat([torch.zeros(1, dtype=torch.float64), sorted_values.double().cumsum(0)])
+    batch = num_requests + torch.arange(len(sorted_values) + 1)
+    return tau * sps_values(sps, batch)
+
+
+def _lengths_from_admitted(rows: torch.Tensor, admitted: int, num_requests: int) -> torch.Tensor:
+    return torch.bincount(rows[:admitted], minlength=num_requests).long()
+
+
+def fixed_lengths(confidences_or_shape: torch.Tensor | tuple[int, int]) -> torch.Tensor:
+    """Every request verifies its whole block."""
+    r, k = confidences_or_shape.shape if isinstance(confidences_or_shape, torch.Tensor) else confidences_or_shape
+    return torch.full((r,), k, dtype=torch.long)
+
+
+def threshold_lengths(confidences: torch.Tensor, threshold: float) -> torch.Tensor:
+    """l_r = #{j : a_{r,j} >= threshold} (a prefix, since a_{r,j} is non-increasing in j)."""
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"threshold must be in [0, 1], got {threshold}")
+    return (prefix_survival(confidences) >= threshold).sum(dim=1).long()
+
+
+def schedule_prefix(confidences: torch.Tensor, sps: SPSLike, early_stop: bool = True) -> torch.Tensor:
+    """Algorithm 1: per-request verification lengths `[R]` maximising Theta = tau * SPS(B).
+
+    Args:
+        confidences: `[R, K]` per-position confidences c_{r,j} in [0, 1].
+        sps: cost curve (an `SPSTable` or a callable B -> steps/s).
+        early_stop: stop at the first admission that does not improve Theta (lossless). `False` searches the whole
+            curve: optimal on jagged curves but NOT lossless on live confidences (Appendix A).
+    """
+    survival = prefix_survival(confidences)
+    r = survival.shape[0]
+    if r == 0:
+        raise ValueError("schedule_prefix needs at least one request")
+    values, rows = _sorted_candidates(survival)
+    theta = _throughput_curve(values, r, sps)
+    if early_stop:
+        improves = theta[1:] > theta[:-1]
+        admitted = int(torch.cumprod(improves.long(), 0).sum()) if len(improves) else 0
+    else:
+        admitted = int(torch.argmax(theta))  # first maximum: the smallest batch among ties
+    return _lengths_from_admitted(rows, admitted, r)
+
+
+def token_budget(confidences: torch.Tensor, sps: SPSLike) -> int:
+    """The number of draft tokens a global (no-break) search admits: sum_r l_r of `schedule_prefix(.., False)`."""
+    return int(schedule_prefix(confidences, sps, early_stop=False).sum())
+
+
+def async_lengths(current: torch.Tensor, stale: torch.Tensor, sps: SPSLike) -> torch.Tensor:
+    """Section 5.2: budget K from `stale` confidences (two steps old, `[R, K]`, rows aligned with `current`), then the
+    top-K current candidates by current prefix survival."""
+    if stale.shape[0] != current.shape[0]:
+        raise ValueError(f"stale confidences have {stale.shape[0]} rows, current have {current.shape[0]}")
+    budget = token_budget(stale, sps)
+    values, rows = _sorted_candidates(prefix_survival(current))
+    return _lengths_from_admitted(rows, min(budget, len(values)), current.shape[0])
+
+
+def expected_throughput(confidences: torch.Tensor, lengths: torch.Tensor, sps: SPSLike) -> float:
+    """Theta = tau * SPS(B) for given lengths: tau = sum_r (1 + sum_{j<=l_r} a_{r,j}), B = sum_r (1 + l_r)."""
+    survival = prefix_survival(confidences)
+    r, k = survival.shape
+    admitted = torch.arange(k)[None, :] < lengths[:, None]
+    tau = r + float((survival * admitted).sum())
+    batch = int(r + lengths.sum())
+    return tau * float(sps_values(sps, torch.tensor([batch]))[0])
+
+
+POLICIES = ("fixed", "threshold", "scheduled", "async")

@@ -1,0 +1,166 @@
+"""Verification-length policies: the paper's worked examples, Appendix A, optimality, losslessness, bad input."""
+
+import itertools
+
+import pytest
+import torch
+
+from dspark_hf.scheduler import (
+    async_lengths,
+    expected_throughput,
+    fixed_lengths,
+    prefix_survival,
+    schedule_prefix,
+    threshold_lengths,
+    token_budget,
+)
+from dspark_hf.verification import rejection_verify
+
+
+def table(values: dict[int, float]):
+    return lambda b: values[b]
+
+
+def test_review_notes_two_request_example():
+    # dspark-review-notes-zh.txt: c = [[0.9, 0.5], [0.6, 0.6]], SPS(2..6) = 1.0, 0.8, 0.55, 0.5, 0.3
+    conf = torch.tensor([[0.9, 0.5], [0.6, 0.6]])
+    sps = table({2: 1.0, 3: 0.8, 4: 0.55, 5: 0.5, 6: 0.3})
+    assert torch.allclose(prefix_survival(conf), torch.tensor([[0.9, 0.45], [0.6, 0.36]]))
+    lengths = schedule_prefix(conf, sps)
+    assert lengths.tolist() == [1, 0]
+    assert expected_throughput(conf, lengths, sps) == pytest.approx(2.32)
+    # the full Theta(B) curve of the notes' table
+    for ls, theta in [((0, 0), 2.0), ((1, 0), 2.32), ((1, 1), 1.925), ((2, 1), 1.975), ((2, 2), 1.293)]:
+        assert expected_throughput(conf, torch.tensor(ls), sps) == pytest.approx(theta, abs=1e-3)
+    assert schedule_prefix(conf, sps, early_stop=False).tolist() == [1, 0]  # unimodal: same answer
+
+
+def test_review_notes_three_request_example():
+    conf = torch.tensor([[0.95, 0.85, 0.70], [0.80, 0.55, 0.30], [0.65, 0.25, 0.10]])
+    sps = table({3: 1.0, 4: 0.85, 5: 0.70, 6: 0.60, 7: 0.42, 8: 0.30, 9: 0.20, 10: 0.12, 11: 0.07, 12: 0.04})
+    survival = prefix_survival(conf)
+    assert torch.allclose(survival, torch.tensor([[0.950, 0.8075, 0.5653], [0.800, 0.440, 0.132],
+                                                  [0.650, 0.1625, 0.01625]]), atol=1e-3)
+    lengths = schedule_prefix(conf, sps)
+    assert lengths.tolist() == [1, 0, 0]
+    assert expected_throughput(conf, lengths, sps) == pytest.approx(3.358, abs=1e-3)
+    assert expected_throughput(conf, torch.tensor([2, 0, 0]), sps) == pytest.approx(3.331, abs=1e-3)
+    assert expected_throughput(conf, torch.tensor([2, 1, 0]), sps) == pytest.approx(3.335, abs=1e-3)
+    assert expected_throughput(conf, torch.tensor([2, 1, 1]), sps) == pytest.approx(2.607, abs=1e-3)
+
+
+APPENDIX_SPS = table({1: 1.0, 2: 0.5, 3: 0.45})
+
+
+def test_appendix_a_throughputs():
+    # R = 1, gamma = 2, a_1 = 0.8: Theta_0 = 1.0, Theta_1 = 0.9; c_2 = 0.9 -> Theta_2 = 1.134, c_2 = 0 -> 0.81
+    high, low = torch.tensor([[0.8, 0.9]]), torch.tensor([[0.8, 0.0]])
+    assert expected_throughput(high, torch.tensor([0]), APPENDIX_SPS) == pytest.approx(1.0)
+    assert expected_throughput(high, torch.tensor([1]), APPENDIX_SPS) == pytest.approx(0.9)
+    assert expected_throughput(high, torch.tensor([2]), APPENDIX_SPS) == pytest.approx(1.134)
+    assert expected_throughput(low, torch.tensor([2]), APPENDIX_SPS) == pytest.approx(0.81)
+    # Algorithm 1 stops before looking at c_2; the global search does not
+    assert schedule_prefix(high, APPENDIX_SPS).tolist() == [0] == schedule_prefix(low, APPENDIX_SPS).tolist()
+    assert schedule_prefix(high, APPENDIX_SPS, early_stop=False).tolist() == [2]
+    assert schedule_prefix(low, APPENDIX_SPS, early_stop=False).tolist() == [0]
+
+
+@pytest.mark.parametrize("early_stop, expected_a", [(True, 0.70), (False, 0.85)])
+def test_appendix_a_selection_bias(early_stop, expected_a):
+    """p_t = (0.7, 0.3), p_d = (0.5, 0.5); x_1 = A makes c_2 = 0.9, x_1 = B makes c_2 = 0. Without the early stop
+    the first emitted token is biased to (0.85, 0.15); Algorithm 1 keeps the target's (0.7, 0.3)."""
+    n = 200_000
+    g = torch.Generator().manual_seed(0)
+    p_t = torch.tensor([0.7, 0.3])
+    p_d = torch.tensor([0.5, 0.5])
+    x1 = torch.multinomial(p_d.expand(n, -1), 1, generator=g)  # [n, 1]
+    # the schedule for each realisation of x_1 (the confidence of slot 2 reads x_1)
+    length_if = {tok: int(schedule_prefix(torch.tensor([[0.8, c2]]), APPENDIX_SPS, early_stop=early_stop)[0])
+                 for tok, c2 in ((0, 0.9), (1, 0.0))}
+    num_drafts = torch.where(x1[:, 0] == 0, length_if[0], length_if[1]).clamp(max=1)  # only x_1 matters here
+    res = rejection_verify(x1, p_d.expand(n, 1, -1), p_t.expand(n, 2, -1), num_drafts, generator=g)
+    share_a = (res.tokens[:, 0] == 0).float().mean().item()
+    assert share_a == pytest.approx(expected_a, abs=0.005)
+
+
+def brute_force(conf: torch.Tensor, sps) -> float:
+    r, k = conf.shape
+    return max(expected_throughput(conf, torch.tensor(ls), sps) for ls in itertools.product(range(k + 1), repeat=r))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_global_search_is_optimal_and_early_stop_is_optimal_on_unimodal_curves(seed):
+    g = torch.Generator().manual_seed(seed)
+    r, k = 3, 3
+    conf = torch.rand(r, k, generator=g) ** 0.5
+    # a smooth decreasing cost curve (steps/s falls as 1 / (1 + alpha * B)): Theta is unimodal
+    alpha = float(torch.rand(1, generator=g)) * 0.5
+    smooth = lambda b: 1.0 / (1.0 + alpha * b)  # noqa: E731
+    best = brute_force(conf, smooth)
+    assert expected_throughput(conf, schedule_prefix(conf, smooth), smooth) == pytest.approx(best)
+    # a jagged curve: the global search still finds the optimum, the early stop may not
+    jag = torch.rand(r * (k + 1) + 1, generator=g) + 0.1
+    jagged = lambda b: float(jag[b])  # noqa: E731
+    assert expected_throughput(conf, schedule_prefix(conf, jagged, early_stop=False), jagged) == pytest.approx(
+        brute_force(conf, jagged))
+    assert expected_throughput(conf, schedule_prefix(conf, jagged), jagged) <= brute_force(conf, jagged) + 1e-9
+
+
+def test_load_shortens_verification():
+    """The same confidences under a cheap and an expensive marginal token: the scheduler verifies less under load."""
+    conf = torch.full((8, 7), 0.8)
+    flat = lambda b: 1.0  # noqa: E731  (verification tokens are free: verify everything)
+    steep = lambda b: 1.0 / b  # noqa: E731  (every token costs a full step: verify nothing)
+    assert schedule_prefix(conf, flat).tolist() == [7] * 8
+    assert schedule_prefix(conf, steep).tolist() == [0] * 8
+    mid = lambda b: 1.0 / (1.0 + 0.02 * b)  # noqa: E731
+    small, large = schedule_prefix(conf[:1], mid), schedule_prefix(conf, mid)
+    assert large.float().mean() <= small.float().mean()
+
+
+def test_threshold_fixed_and_async():
+    conf = torch.tensor([[0.9, 0.9, 0.2], [0.5, 0.9, 0.9]])
+    assert threshold_lengths(conf, 0.6).tolist() == [2, 0]
+    assert threshold_lengths(conf, 0.0).tolist() == [3, 3]
+    assert fixed_lengths(conf).tolist() == [3, 3]
+    sps = lambda b: 1.0 / (1.0 + 0.1 * b)  # noqa: E731
+    budget = token_budget(conf, sps)
+    # stale == current: async equals the global search with the same budget
+    assert async_lengths(conf, conf, sps).sum().item() == budget
+    assert async_lengths(conf, conf, sps).tolist() == schedule_prefix(conf, sps, early_stop=False).tolist()
+    # the budget comes from the stale confidences, the admission order from the current ones
+    stale = torch.tensor([[0.99, 0.99, 0.99], [0.99, 0.99, 0.99]])
+    lengths = async_lengths(conf, stale, sps)
+    assert lengths.sum().item() == token_budget(stale, sps)
+    a = prefix_survival(conf)
+    admitted = torch.arange(3)[None] < lengths[:, None]
+    rejected = ~admitted
+    if admitted.any() and rejected.any():
+        assert a[admitted].min() >= a[rejected].max()
+
+
+def test_ties_never_admit_a_later_position_first():
+    conf = torch.ones(4, 5)  # all survivals tie at 1.0
+    for n in range(21):
+        lengths = async_lengths(conf, conf, lambda b, n=n: 1.0 if b <= 4 + n else 1e-6)
+        assert lengths.sum().item() == n
+        assert lengths.max() - lengths.min() <= 1  # filled position by position across requests
+
+
+@pytest.mark.parametrize("bad, message", [
+    (torch.tensor([[0.5, float("nan")]]), "NaN"),
+    (torch.tensor([[1.5, 0.5]]), r"\[0, 1\]"),
+    (torch.tensor([0.5, 0.5]), r"\[R, K\]"),
+])
+def test_bad_confidences_are_refused(bad, message):
+    with pytest.raises(ValueError, match=message):
+        schedule_prefix(bad, lambda b: 1.0)
+
+
+def test_bad_sps_is_refused():
+    with pytest.raises(ValueError, match="positive"):
+        schedule_prefix(torch.tensor([[0.5]]), lambda b: 0.0)
+    with pytest.raises(TypeError, match="callable"):
+        schedule_prefix(torch.tensor([[0.5]]), 3.0)
+    with pytest.raises(ValueError, match="threshold"):
+        threshold_lengths(torch.tensor([[0.5]]), 1.5)
