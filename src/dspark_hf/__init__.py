@@ -11,6 +11,9 @@ from transformers import AutoConfig, AutoModel
 from .candidate_generator import DSparkCandidateGenerator, SpeculationStats, install_generate_hook
 from .configuration_dspark import DSparkConfig
 from .drafting import DraftBlock, DSparkContextCache
+from .generation import DSparkGenerateOutput, RowStats, generate, speculative_generate
+from .scheduler import async_lengths, prefix_survival, schedule_prefix, threshold_lengths
+from .sps import SPSTable, profile_sps
 from .modeling_dspark import DSparkDrafter, DSparkOutput
 from .verification import (
     SamplingParams,
@@ -28,6 +31,16 @@ AutoModel.register(DSparkConfig, DSparkDrafter, exist_ok=True)
 install_generate_hook()
 
 __all__ = [
+    "DSparkGenerateOutput",
+    "RowStats",
+    "SPSTable",
+    "async_lengths",
+    "generate",
+    "prefix_survival",
+    "profile_sps",
+    "schedule_prefix",
+    "speculative_generate",
+    "threshold_lengths",
     "DSparkCandidateGenerator",
     "DSparkConfig",
     "DSparkContextCache",

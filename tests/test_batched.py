@@ -1,0 +1,248 @@
+"""Batched speculative decoding (`dspark_hf.generate`): lossless for every policy, ragged rows, memory bound."""
+
+import math
+from dataclasses import dataclass
+
+import pytest
+import torch
+from transformers.generation.stopping_criteria import StoppingCriteriaList
+
+import dspark_hf
+from conftest import make_drafter, make_target
+from dspark_hf import DraftBlock, DSparkContextCache, DSparkDrafter
+from dspark_hf.sps import SPSTable
+from test_generate import Collect, StopAfterToken, exact_joint
+
+POLICIES = ["fixed", "threshold", "scheduled", "async"]
+PROMPTS = [[5, 17, 33, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7], [9, 8, 7, 6, 5, 4]]
+
+def sps_curve(b):
+    return 1.0 / (1.0 + 0.08 * b)
+
+
+def left_pad(prompts, pad=0):
+    width = max(map(len, prompts))
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def reference(target, prompt, max_new_tokens, **kw):
+    out = target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, **kw)
+    return out[0, len(prompt):].tolist()
+
+
+def generated_rows(out, width):
+    seqs = out.sequences if hasattr(out, "sequences") else out
+    return [seqs[r, width: width + int(n)].tolist() for r, n in enumerate(out.num_generated)]
+
+
+# ---------------------------------------------------------------------------------------------- a batch oracle
+@dataclass
+class TrackingCache(DSparkContextCache):
+    rows: list | None = None
+
+    def select_rows(self, index):
+        super().select_rows(index)
+        self.rows = [self.rows[i] for i in index.tolist()]
+
+
+class BatchOracle(DSparkDrafter):
+    """Test drafter for batches: knows every row's greedy continuation; drafts it correctly for `correct` slots."""
+
+    def setup(self, full_sequences: list[list[int]], correct: int) -> "BatchOracle":
+        self.full, self.correct = full_sequences, correct
+        return self
+
+    def new_cache(self):
+        return TrackingCache()
+
+    def draft(self, cache, anchor_ids, *, anchor_positions=None, sampling=None, generator=None, **kw):
+        if cache.rows is None:
+            cache.rows = list(range(len(anchor_ids)))
+        k, v = self.config.block_size, self.config.vocab_size
+        tokens = []
+        for i, row in enumerate(cache.rows):
+            full, p = self.full[row], int(anchor_positions[i])
+            assert full[p] == int(anchor_ids[i])  # the loop's positions and anchors are consistent
+            cont = (full[p + 1: p + 1 + k] + [1] * k)[:k]
+            tokens.append([t if j < self.correct else (t + 1) % v for j, t in enumerate(cont)])
+        tokens = torch.tensor(tokens)
+        logits = torch.nn.functional.one_hot(tokens, v).float() * 20
+        return DraftBlock(tokens=tokens, logits=logits, confidences=torch.full(tokens.shape, 0.8),
+                          confidence_logits=torch.zeros(tokens.shape))
+
+
+def batch_oracle(target, prompts, max_new_tokens, correct, block_size=4):
+    base = make_drafter(target, block_size=block_size)
+    oracle = BatchOracle(base.config)
+    oracle.load_state_dict(base.state_dict())
+    oracle.bind_target(target)
+    full = [p + reference(target, p, max_new_tokens + block_size + 2) for p in prompts]
+    return oracle.setup(full, correct).eval()
+
+
+# ---------------------------------------------------------------------------------------------- greedy
+@pytest.mark.parametrize("policy", POLICIES)
+def test_batched_greedy_equals_each_rows_own_greedy(target, drafter, policy):
+    ids, mask = left_pad(PROMPTS)
+    out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=24, policy=policy, sps=sps_curve,
+                             return_dict_in_generate=True)
+    for row, prompt in enumerate(PROMPTS):
+        assert generated_rows(out, ids.shape[1])[row] == reference(target, prompt, 24), (policy, row)
+    assert all(s.rounds > 0 and len(s.accepted_lengths) == s.rounds for s in out.stats)
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+@pytest.mark.parametrize("correct", [0, 2, 4])
+def test_batched_greedy_with_accepting_drafter_and_rows_ending_at_different_rounds(policy, correct):
+    target = make_target("qwen3")
+    prompts = PROMPTS
+    ref = {i: reference(target, p, 30) for i, p in enumerate(prompts)}
+    # EOS = a token of row 1's continuation: row 1 stops early, others (likely) run to max_new_tokens
+    eos = ref[1][5]
+    oracle = batch_oracle(target, prompts, 30, correct)
+    ids, mask = left_pad(prompts)
+    out = dspark_hf.generate(target, oracle, ids, mask, max_new_tokens=30, policy=policy, sps=sps_curve,
+                             eos_token_id=eos, return_dict_in_generate=True)
+    rows = generated_rows(out, ids.shape[1])
+    for i, p in enumerate(prompts):
+        assert rows[i] == reference(target, p, 30, eos_token_id=eos), (policy, correct, i)
+    assert len(rows[1]) == ref[1].index(eos) + 1
+    for s in out.stats:  # every round but a row's last (cut by EOS / max_new_tokens) accepts min(correct, l) drafts
+        assert all(a == min(correct, l) + 1 for a, l in zip(s.accepted_lengths[:-1], s.verify_lengths[:-1]))
+    if correct == 4 and policy == "fixed":
+        assert max(s.mean_accepted_length for s in out.stats) > 4
+
+
+def test_batch_of_one_and_streamer(target, drafter):
+    ids, mask = left_pad([PROMPTS[1]])
+    streamer = Collect()
+    out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=15, policy="scheduled", sps=sps_curve,
+                             streamer=streamer)
+    assert out[0, ids.shape[1]:].tolist() == reference(target, PROMPTS[1], 15)
+    assert sum(streamer.chunks, []) == out[0].tolist() and streamer.ended
+
+
+def test_stopping_criteria_per_row(target, drafter):
+    ids, mask = left_pad(PROMPTS)
+    stop = reference(target, PROMPTS[0], 20)[3]
+    out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=20, policy="fixed",
+                             stopping_criteria=StoppingCriteriaList([StopAfterToken(stop)]),
+                             return_dict_in_generate=True)
+    for row, prompt in enumerate(PROMPTS):
+        expected = reference(target, prompt, 20, stopping_criteria=StoppingCriteriaList([StopAfterToken(stop)]))
+        assert generated_rows(out, ids.shape[1])[row] == expected
+
+
+def test_custom_generate_entry_matches_library_call(target, drafter):
+    ids, mask = left_pad(PROMPTS)
+    direct = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=12, policy="threshold", threshold=0.3)
+    via_generate = target.generate(input_ids=ids, attention_mask=mask, custom_generate=dspark_hf.speculative_generate,
+                                   drafter=drafter, policy="threshold", threshold=0.3, max_new_tokens=12,
+                                   do_sample=False)
+    assert torch.equal(direct, via_generate)
+    out = target.generate(input_ids=ids, attention_mask=mask, custom_generate=dspark_hf.speculative_generate,
+                          drafter=drafter, policy="fixed", max_new_tokens=12, do_sample=False,
+                          return_dict_in_generate=True)
+    assert out.stats[0].rounds > 0 and out.policy == "fixed"
+
+
+def test_kv_cache_stays_within_the_stated_bound(target):
+    drafter = make_drafter(target, block_size=6)  # untrained: most drafts rejected, many holes
+    prompts = [[3] * 2, [4] * 20, [5] * 9]
+    ids, mask = left_pad(prompts)
+    out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=80, policy="fixed", hole_budget=8,
+                             return_dict_in_generate=True)
+    longest = max(len(p) + int(n) for p, n in zip(prompts, out.num_generated))
+    assert out.peak_cache_columns <= longest + 8 + (6 + 1)
+    # without compaction the holes would have grown the cache far past that
+    assert sum(s.verified - s.accepted for s in out.stats) > 8 + 7
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+@pytest.mark.parametrize("policy", POLICIES)
+def test_batched_sampling_matches_the_target_distribution(policy):
+    """3 tokens over V^3 outcomes from 3000 identical rows in one batch: within 2.5x the TV expected from exact
+    sampling. The scheduler's lengths depend on all rows' confidences: still lossless."""
+    target = make_target("llama", vocab_size=4, seed=3, sharpen=6.0)
+    drafter = make_drafter(target, block_size=3, markov_rank=4, seed=4)
+    with torch.no_grad():
+        drafter.markov_head.markov_w2.weight.normal_(0.0, 8.0, generator=torch.Generator().manual_seed(0))
+        drafter.confidence_head.proj.weight.normal_(0.0, 2.0, generator=torch.Generator().manual_seed(1))
+    prompt, rows, n_tokens = [1, 2, 3, 1], 3000, 3
+    ids = torch.tensor([prompt] * rows)
+    out = dspark_hf.generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=n_tokens, do_sample=True,
+                             temperature=0.9, top_k=3, policy=policy, sps=lambda b: 1.0 / (1.0 + 0.0004 * b),
+                             threshold=0.3, generator=torch.Generator().manual_seed(7), return_dict_in_generate=True)
+    new = out.sequences[:, len(prompt):]
+    codes = (new * torch.tensor([16, 4, 1])).sum(1)
+    empirical = torch.bincount(codes, minlength=64).float() / rows
+    exact = exact_joint(target, prompt, n_tokens, 0.9, 3, None)
+    expected_tv = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (math.pi * rows)).sum().item()
+    tv = 0.5 * (empirical - exact).abs().sum().item()
+    assert tv < 2.5 * expected_tv, (policy, tv, expected_tv)
+    lengths = [l for s in out.stats for l in s.verify_lengths]
+    assert any(l > 0 for l in lengths)  # drafts were verified (and some rejected) ...
+    assert sum(s.verified - s.accepted for s in out.stats) > 0
+    if policy in ("threshold", "scheduled", "async"):
+        assert len(set(lengths)) > 1  # ... with lengths that vary across rows and rounds
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def test_bad_inputs_are_clear_errors(target, drafter):
+    ids, mask = left_pad(PROMPTS)
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=0)
+    empty = mask.clone()
+    empty[2] = 0
+    with pytest.raises(ValueError, match=r"rows \[2\].*empty"):
+        dspark_hf.generate(target, drafter, ids, empty, max_new_tokens=5)
+    with pytest.raises(ValueError, match="left-padded"):
+        dspark_hf.generate(target, drafter, ids, mask.flip(1), max_new_tokens=5)
+    with pytest.raises(ValueError, match="policy"):
+        dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=5, policy="greedy")
+    with pytest.raises(ValueError, match="non-empty"):
+        dspark_hf.generate(target, drafter, torch.zeros(0, 3, dtype=torch.long), max_new_tokens=5)
+    with pytest.raises(ValueError, match="streamer"):
+        dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=5, streamer=Collect())
+    no_conf = make_drafter(target, confidence_head=False)
+    with pytest.raises(ValueError, match="confidence head"):
+        dspark_hf.generate(target, no_conf, ids, mask, max_new_tokens=5, policy="scheduled", sps=sps_curve)
+
+
+def test_nan_confidences_are_refused(target):
+    drafter = make_drafter(target)
+    with torch.no_grad():
+        drafter.confidence_head.proj.weight.fill_(float("nan"))
+    ids, mask = left_pad(PROMPTS)
+    with pytest.raises(ValueError, match="NaN"):
+        dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=5, policy="scheduled", sps=sps_curve)
+
+
+def test_sps_table_of_another_target_is_refused(tmp_path, target, drafter):
+    other = make_target("llama", layers=6)
+    table = dspark_hf.profile_sps(other, max_tokens=8, context_lengths=(8,), repeats=1, progress=False)
+    ids, mask = left_pad(PROMPTS)
+    with pytest.raises(ValueError, match="Re-profile"):
+        dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=5, policy="scheduled", sps=table)
+    table.save(tmp_path / "sps.json")
+    with pytest.raises(ValueError, match="Re-profile"):
+        dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=5, policy="scheduled",
+                           sps=tmp_path / "sps.json")
+    refreshed = SPSTable.load(tmp_path / "sps.json", target=target, reprofile=True, max_tokens=8,
+                              context_lengths=(8,), repeats=1, progress=False)
+    refreshed.check(target)
+    SPSTable.load(tmp_path / "sps.json", target=target)  # the file now describes this target
+
+
+def test_sliding_window_targets_are_refused():
+    from transformers import MistralConfig, MistralForCausalLM
+
+    cfg = MistralConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=4,
+                        num_attention_heads=4, num_key_value_heads=2, sliding_window=16)
+    target = MistralForCausalLM(cfg).eval()
+    drafter = make_drafter(target)
+    ids, mask = left_pad(PROMPTS)
+    with pytest.raises(ValueError, match="sliding-window"):
+        dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=5, policy="fixed")
