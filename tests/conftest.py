@@ -64,3 +64,38 @@ def target(arch):
 @pytest.fixture
 def drafter(target):
     return make_drafter(target)
+
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|{{ m['role'] }}|> {{ m['content'] }} <|end|> {% endfor %}"
+    "{% if add_generation_prompt %}<|assistant|> {% endif %}"
+)
+
+
+def make_tokenizer(vocab_size: int = 96, chat_template: str | None = CHAT_TEMPLATE):
+    """A word-level tokenizer over "w4".."w{V-1}" plus 4 special tokens, built in memory (no Hub)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<|end|>", "<|user|>", "<|assistant|>"]
+    vocab = {tok: i for i, tok in enumerate(specials)}
+    vocab.update({f"w{i}": i for i in range(len(specials), vocab_size)})
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok = PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<|end|>")
+    if chat_template:
+        tok.chat_template = chat_template
+    return tok
+
+
+def learnable_examples(target, count: int = 200, prompt_len: int = 8, answer_len: int = 24, seed: int = 0):
+    """The target's own greedy answers to random prompts, as training examples (loss mask on the answers)."""
+    from dspark_hf.data import TokenizedExample
+
+    g = torch.Generator().manual_seed(seed)
+    prompts = torch.randint(4, target.config.vocab_size, (count, prompt_len), generator=g)
+    with torch.no_grad():
+        out = target.generate(prompts, attention_mask=torch.ones_like(prompts), max_new_tokens=answer_len,
+                              do_sample=False)
+    return [TokenizedExample(id=f"ex{i}", input_ids=out[i].tolist(),
+                             loss_mask=[0] * prompt_len + [1] * answer_len) for i in range(count)]

@@ -1,6 +1,7 @@
 """The `dspark-hf` command: thin subcommands over library functions.
 
     dspark-hf demo        speculative vs target-only generation, side by side (see dspark_hf.demo)
+    dspark-hf bench       throughput vs concurrency per verification policy (see dspark_hf.bench.throughput)
     dspark-hf bench-head  cost of the sequential head vs the parallel forward (see dspark_hf.bench.head_cost)
 """
 
@@ -16,6 +17,12 @@ def _demo(argv: list[str]) -> None:
     main(argv)
 
 
+def _bench(argv: list[str]) -> None:
+    from .bench.throughput import main
+
+    main(argv)
+
+
 def _bench_head(argv: list[str]) -> None:
     from .bench.head_cost import main
 
@@ -24,6 +31,7 @@ def _bench_head(argv: list[str]) -> None:
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
     "demo": (_demo, "speculative vs target-only generation, side by side"),
+    "bench": (_bench, "throughput vs concurrency for every verification policy"),
     "bench-head": (_bench_head, "time the sequential head against the parallel forward"),
 }
 

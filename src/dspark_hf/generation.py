@@ -23,6 +23,7 @@ Exactness needs a target whose cache is a plain `DynamicCache` (no sliding windo
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Sequence
 
@@ -47,6 +48,7 @@ class RowStats:
         accepted: draft tokens accepted.
         accepted_lengths: tokens emitted in each round (accepted drafts + 1), i.e. the per-round tau.
         verify_lengths: l_r chosen in each round.
+        seconds: wall time from the start of the call until the row finished.
     """
 
     rounds: int = 0
@@ -54,6 +56,11 @@ class RowStats:
     accepted: int = 0
     accepted_lengths: list[int] = field(default_factory=list)
     verify_lengths: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def mean_verify_length(self) -> float:
+        return sum(self.verify_lengths) / max(1, len(self.verify_lengths))
 
     @property
     def mean_accepted_length(self) -> float:
@@ -196,6 +203,7 @@ def generate(
         hole_budget: compact the KV caches once the widest row carries more than this many masked columns
             (default 2 * (block_size + 1)).
     """
+    started = time.perf_counter()
     attention_mask = _check_inputs(target, input_ids, attention_mask, max_new_tokens, policy, drafter)
     if not drafter.bound_to(target):
         drafter.bind_target(target)
@@ -261,6 +269,8 @@ def generate(
             generated[row, start: start + len(new)] = torch.tensor(new, dtype=torch.long, device=device)
             num_generated[row] = start + len(new)
             finished[i] = stop or start + len(new) >= max_new_tokens
+            if finished[i]:
+                stats[row].seconds = time.perf_counter() - started
             if streamer is not None:
                 streamer.put(torch.tensor(new))
         return finished

@@ -1,0 +1,263 @@
+"""`dspark-hf bench`: throughput against concurrency for every verification policy, side by side in one run.
+
+For each concurrency C (number of requests decoded together) it runs, on the same C prompts:
+no speculation (the target's own batched `generate`), and `dspark_hf.generate` with each policy (`fixed`,
+`threshold`, `scheduled`, `async`). It reports aggregate tokens/s, mean per-request tokens/s (a request's tokens over
+the time until it finished), mean verification length per request and round, and tau, as JSON (with provenance),
+a Markdown table and plots (`throughput.png`: tokens/s vs concurrency; `verify_length.png`: the paper's Figure 8
+shape — as load rises the scheduler shortens verification by itself).
+
+Drafters: a trained one (`--drafter PATH`), an untrained one (`--drafter untrained`), or `--drafter simulated`: the
+untrained drafter's forward runs (so drafting costs what it costs), but its drafts are replaced by the target's own
+greedy continuation, each kept with a per-request acceptance rate and reported with that rate as a (perfectly
+calibrated) confidence. The simulated drafter exists to exercise the scheduler against a real target before a trained
+drafter does; its numbers say so in the output. Greedy decoding only for `simulated`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..drafting import DraftBlock, DSparkContextCache
+from ..generation import generate
+from ..modeling_dspark import DSparkDrafter
+from ..provenance import atomic_write_json, atomic_write_text, provenance
+from ..sps import SPSTable, profile_sps
+
+POLICY_NAMES = ("none", "fixed", "threshold", "scheduled", "async")
+
+
+@dataclass
+class BenchRow:
+    concurrency: int
+    policy: str
+    seconds: float
+    tokens: int
+    aggregate_tokens_per_s: float
+    per_request_tokens_per_s: float
+    mean_verify_length: float
+    tau: float
+    identical_to_target: bool | None
+
+
+class _RowCache(DSparkContextCache):
+    """Context cache that also tracks which request each batch row is (rows get dropped as they finish)."""
+
+    rows: list[int] | None = None
+
+    def select_rows(self, index: torch.Tensor) -> None:
+        super().select_rows(index)
+        self.rows = [self.rows[i] for i in index.tolist()]
+
+
+class SimulatedDrafter(DSparkDrafter):
+    """Runs the real drafter forward, then proposes the target's greedy continuation with per-request accuracy.
+
+    Slot k of request r is correct with probability `rates[r]` (independently), so the exact survival of slot k given
+    the earlier slots is `rates[r]`: that is the reported confidence. Wrong slots propose the next vocabulary id."""
+
+    def configure(self, continuations: list[list[int]], rates: list[float], seed: int = 0) -> "SimulatedDrafter":
+        self._continuations, self._rates = continuations, rates
+        self._rng = torch.Generator().manual_seed(seed)
+        return self
+
+    def new_cache(self) -> DSparkContextCache:
+        cache = _RowCache()
+        cache.rows = None
+        return cache
+
+    def draft(self, cache, anchor_ids, *, anchor_positions=None, **kwargs) -> DraftBlock:
+        real = super().draft(cache, anchor_ids, anchor_positions=anchor_positions, **kwargs)
+        if cache.rows is None:
+            cache.rows = list(range(len(anchor_ids)))
+        k, v = real.tokens.shape[1], self.config.vocab_size
+        tokens, conf = [], []
+        for i, row in enumerate(cache.rows):
+            full, p = self._continuations[row], int(anchor_positions[i])
+            cont = (full[p + 1: p + 1 + k] + [0] * k)[:k]
+            keep = torch.rand(k, generator=self._rng) < self._rates[row]
+            tokens.append([t if ok else (t + 1) % v for t, ok in zip(cont, keep.tolist())])
+            conf.append([self._rates[row]] * k)
+        tokens_t = torch.tensor(tokens, device=real.tokens.device)
+        logits = torch.nn.functional.one_hot(tokens_t, v).float() * 30
+        conf_t = torch.tensor(conf, device=real.tokens.device)
+        return DraftBlock(tokens=tokens_t, logits=logits, confidences=conf_t, confidence_logits=torch.logit(conf_t))
+
+
+def _toy_target(seed: int = 0):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=4, bos_token_id=None, eos_token_id=None,
+                      pad_token_id=0)
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        model.lm_head.weight.mul_(4.0)  # peaked next-token distributions, like a trained model's
+    model.generation_config.pad_token_id = 0
+    return model
+
+
+def _prompts(target, tokenizer, concurrency: int, seed: int, prompt_set: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+    if tokenizer is None:
+        g = torch.Generator().manual_seed(seed)
+        lengths = [16 + int(torch.randint(0, 48, (1,), generator=g)) for _ in range(concurrency)]
+        rows = [torch.randint(1, target.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
+    else:
+        from ..prompt_sets import load_prompt_set
+
+        items = load_prompt_set(prompt_set or "mt_bench")
+        rows = []
+        for i in range(concurrency):
+            messages = items[i % len(items)].messages
+            text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            rows.append(tokenizer(text, add_special_tokens=False)["input_ids"])
+    width = max(map(len, rows))
+    ids = torch.tensor([[0] * (width - len(r)) + r for r in rows])
+    mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows])
+    return ids.to(target.device), mask.to(target.device)
+
+
+def run_bench(target, drafter, concurrencies: list[int], policies: list[str], max_new_tokens: int, sps: Any,
+              threshold: float, tokenizer=None, prompt_set: str | None = None, simulated: bool = False,
+              seed: int = 0, do_sample: bool = False) -> list[BenchRow]:
+    results = []
+    for c in concurrencies:
+        ids, mask = _prompts(target, tokenizer, c, seed, prompt_set)
+        width = ids.shape[1]
+        start = time.perf_counter()
+        with torch.no_grad():
+            base = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                   do_sample=do_sample, min_new_tokens=max_new_tokens)
+        base_s = time.perf_counter() - start
+        base_tokens = c * max_new_tokens
+        results.append(BenchRow(c, "none", base_s, base_tokens, base_tokens / base_s, max_new_tokens / base_s,
+                                0.0, 1.0, None))
+        print(f"C={c:<4} none       {base_tokens / base_s:8.1f} tok/s", flush=True)
+        if simulated:
+            g = torch.Generator().manual_seed(seed + c)
+            rates = (0.55 + 0.4 * torch.rand(c, generator=g)).tolist()  # requests of different difficulty
+            conts = [ids[r, mask[r].bool()].tolist() + base[r, width:].tolist() for r in range(c)]
+            drafter.configure(conts, rates, seed)
+        for policy in policies:
+            if policy == "none":
+                continue
+            start = time.perf_counter()
+            out = generate(target, drafter, ids, mask, max_new_tokens=max_new_tokens, policy=policy, sps=sps,
+                           threshold=threshold, do_sample=do_sample, eos_token_id=[], return_dict_in_generate=True,
+                           generator=torch.Generator().manual_seed(seed))
+            seconds = time.perf_counter() - start
+            tokens = int(out.num_generated.sum())
+            per_req = statistics.mean(int(n) / max(s.seconds, 1e-9) for n, s in zip(out.num_generated, out.stats))
+            verify = statistics.mean(l for s in out.stats for l in s.verify_lengths)
+            tau = statistics.mean(a for s in out.stats for a in s.accepted_lengths)
+            identical = None if do_sample else bool(torch.equal(out.sequences[:, width:], base[:, width:]))
+            results.append(BenchRow(c, policy, seconds, tokens, tokens / seconds, per_req, verify, tau, identical))
+            print(f"C={c:<4} {policy:<10} {tokens / seconds:8.1f} tok/s  verify {verify:5.2f}  tau {tau:5.2f}  "
+                  f"identical={identical}", flush=True)
+    return results
+
+
+def to_markdown(rows: list[BenchRow], prov: dict, label: str) -> str:
+    lines = [f"# Throughput vs concurrency — {label}", "",
+             f"Device: {prov['device']}; torch {prov['torch']}; transformers {prov['transformers']}; commit "
+             f"`{prov['git_commit']}`.", "",
+             "| concurrency | policy | aggregate tok/s | vs none | per-request tok/s | mean verify length | tau | "
+             "identical to target |", "|---|---|---|---|---|---|---|---|"]
+    base = {r.concurrency: r.aggregate_tokens_per_s for r in rows if r.policy == "none"}
+    for r in rows:
+        ident = "" if r.identical_to_target is None else ("yes" if r.identical_to_target else "NO")
+        lines.append(f"| {r.concurrency} | {r.policy} | {r.aggregate_tokens_per_s:.1f} | "
+                     f"{r.aggregate_tokens_per_s / base[r.concurrency]:.2f}x | {r.per_request_tokens_per_s:.1f} | "
+                     f"{r.mean_verify_length:.2f} | {r.tau:.2f} | {ident} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[BenchRow], out: Path, label: str) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = []
+    for metric, ylabel, name in (("aggregate_tokens_per_s", "aggregate tokens / s", "throughput.png"),
+                                 ("mean_verify_length", "mean verification length (drafts)", "verify_length.png")):
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for policy in POLICY_NAMES:
+            pts = [(r.concurrency, getattr(r, metric)) for r in rows if r.policy == policy]
+            if pts and not (metric == "mean_verify_length" and policy == "none"):
+                ax.plot(*zip(*pts), marker="o", label=policy)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("concurrency (requests decoded together)")
+        ax.set_ylabel(ylabel)
+        ax.set_title(label, fontsize=9)
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / name, dpi=120)
+        plt.close(fig)
+        paths.append(out / name)
+    return paths
+
+
+def main(argv: list[str] | None = None) -> list[BenchRow]:
+    parser = argparse.ArgumentParser(prog="dspark-hf bench", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--target", default="toy", help="'toy' (random 8-layer Llama), a registry name or a path")
+    parser.add_argument("--drafter", default="simulated", help="'simulated', 'untrained' or a drafter folder")
+    parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 64])
+    parser.add_argument("--policies", nargs="+", default=list(POLICY_NAMES), choices=POLICY_NAMES)
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--block-size", type=int, default=7, help="block size of simulated/untrained drafters")
+    parser.add_argument("--threshold", type=float, default=0.3)
+    parser.add_argument("--sps", help="SPS table JSON (profiled and saved under --out if absent)")
+    parser.add_argument("--prompt-set", default="mt_bench", help="prompt set for real targets")
+    parser.add_argument("--do-sample", action="store_true")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default="outputs/bench")
+    args = parser.parse_args(argv)
+    torch.manual_seed(args.seed)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = None
+    if args.target == "toy":
+        target = _toy_target(args.seed)
+    else:
+        from ..targets import load_target
+
+        target, tokenizer = load_target(args.target)
+    simulated = args.drafter == "simulated"
+    if simulated and args.do_sample:
+        parser.error("--drafter simulated supports greedy decoding only")
+    if args.drafter in ("simulated", "untrained"):
+        cls = SimulatedDrafter if simulated else DSparkDrafter
+        drafter = cls.from_target(target, block_size=args.block_size, num_hidden_layers=1, draft_candidates=64).eval()
+    else:
+        drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).eval()
+    sps_path = Path(args.sps) if args.sps else out / "sps.json"
+    max_b = max(args.concurrency) * (drafter.config.block_size + 1)
+    if sps_path.exists():
+        sps = SPSTable.load(sps_path, target=target, reprofile=True, max_tokens=max_b)
+    else:
+        sps = profile_sps(target, max_tokens=max_b, context_lengths=(128,), repeats=2)
+        sps.save(sps_path)
+    label = f"target={args.target}, drafter={args.drafter}, block={drafter.config.block_size}, " \
+            f"max_new_tokens={args.max_new_tokens}, {'sampling' if args.do_sample else 'greedy'}"
+    rows = run_bench(target, drafter, args.concurrency, args.policies, args.max_new_tokens, sps, args.threshold,
+                     tokenizer, args.prompt_set, simulated, args.seed, args.do_sample)
+    prov = provenance(target.device, args=vars(args))
+    atomic_write_json(out / "bench.json", {"provenance": prov, "label": label, "rows": [asdict(r) for r in rows]})
+    atomic_write_text(out / "bench.md", to_markdown(rows, prov, label))
+    plot(rows, out, label)
+    print(f"wrote {out}/bench.json, bench.md, throughput.png, verify_length.png")
+    return rows
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,196 @@
+"""Training data for a drafter: the target answers the prompts itself; anchors are sampled inside its answers.
+
+* `generate_responses`: prompts (chat messages) -> the target's own answers, through its chat template, in batches,
+  with recorded sampling settings; resumable (finished prompt ids are skipped on restart), written as JSONL shards
+  that are each renamed into place only when complete, with a manifest of the recipe.
+* `TokenizedExample`: `input_ids` = prompt + answer, `loss_mask` = 1 on the answer's tokens (EOS included).
+* `sample_anchors`: anchor positions p where token p and p+1 are both inside the loss mask; slot k of the block
+  anchored at p predicts token p + k + 1 and is supervised while every label up to it is inside the mask
+  (cumulative-product mask).
+"""
+
+from __future__ import annotations
+
+import json
+import zlib
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import torch
+
+from .provenance import atomic_write_json, atomic_write_text, provenance
+
+
+@dataclass
+class GenerationRecipe:
+    """How the target answers the training prompts (recorded in the data manifest)."""
+
+    max_new_tokens: int = 256
+    do_sample: bool = False
+    temperature: float = 1.0
+    top_p: float = 1.0
+    batch_size: int = 16
+    seed: int = 0
+    max_prompt_tokens: int = 512
+    shard_size: int = 256
+
+
+@dataclass
+class TokenizedExample:
+    id: str
+    input_ids: list[int]
+    loss_mask: list[int]
+    source: str = ""
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), separators=(",", ":"))
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict[str, str]], max_prompt_tokens: int | None = None) -> list[int]:
+    """Token ids of `messages` through the tokenizer's chat template, ready for the assistant's answer."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(
+            f"the tokenizer of this target ({getattr(tokenizer, 'name_or_path', '?')}) has no chat template; the drafter "
+            "must be trained on the same template used at inference. Set tokenizer.chat_template first."
+        )
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, add_generation_prompt=True)
+    if isinstance(ids, dict) or hasattr(ids, "keys"):
+        ids = ids["input_ids"]
+    ids = list(ids)
+    if max_prompt_tokens is not None and len(ids) > max_prompt_tokens:
+        ids = ids[-max_prompt_tokens:]
+    return ids
+
+
+def _shard_path(out_dir: Path, index: int) -> Path:
+    return out_dir / f"data-{index:05d}.jsonl"
+
+
+def read_examples(data_dir: str | Path) -> list[TokenizedExample]:
+    """All examples of a data folder (finished shards only)."""
+    data_dir = Path(data_dir)
+    shards = sorted(data_dir.glob("data-*.jsonl"))
+    if not shards:
+        raise FileNotFoundError(f"no data shards (data-*.jsonl) in {data_dir}; run `dspark-hf data` first")
+    out = []
+    for shard in shards:
+        for line in shard.read_text().splitlines():
+            if line.strip():
+                out.append(TokenizedExample(**json.loads(line)))
+    return out
+
+
+def _done_ids(out_dir: Path) -> set[str]:
+    done = set()
+    for shard in sorted(out_dir.glob("data-*.jsonl")):
+        for line in shard.read_text().splitlines():
+            if line.strip():
+                done.add(json.loads(line)["id"])
+    return done
+
+
+def _batches(items: list[Any], size: int) -> Iterator[list[Any]]:
+    for i in range(0, len(items), size):
+        yield items[i: i + size]
+
+
+@torch.no_grad()
+def generate_responses(
+    target,
+    tokenizer,
+    prompts: Iterable[dict[str, Any]],
+    out_dir: str | Path,
+    recipe: GenerationRecipe | None = None,
+    progress: bool = True,
+) -> Path:
+    """Lets `target` answer `prompts` ({"id", "messages", "source"?}) and writes tokenized examples to `out_dir`.
+
+    Resumable: ids already present in finished shards are skipped. Each shard is written to a temporary file and
+    renamed when complete; the manifest records the recipe, the target and provenance.
+    """
+    recipe = recipe or GenerationRecipe()
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    prompts = list(prompts)
+    ids = [str(p["id"]) for p in prompts]
+    if len(set(ids)) != len(ids):
+        raise ValueError("prompt ids must be unique")
+    done = _done_ids(out_dir)
+    todo = [p for p in prompts if str(p["id"]) not in done]
+    shard_index = len(list(out_dir.glob("data-*.jsonl")))
+    atomic_write_json(out_dir / "manifest.json", {
+        "recipe": asdict(recipe), "target": getattr(target.config, "_name_or_path", ""),
+        "num_prompts": len(prompts), "provenance": provenance(target.device),
+    })
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    eos_ids = target.generation_config.eos_token_id
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="target answers", unit="prompt")
+    pending: list[TokenizedExample] = []
+    for batch in _batches(todo, recipe.batch_size):
+        rows = [chat_prompt_ids(tokenizer, p["messages"], recipe.max_prompt_tokens) for p in batch]
+        width = max(map(len, rows))
+        input_ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], device=target.device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=target.device)
+        # Seeded by the batch's first prompt id: a resumed run samples the same answers as an uninterrupted one.
+        torch.manual_seed(recipe.seed + zlib.crc32(str(batch[0]["id"]).encode()))
+        kwargs = dict(do_sample=recipe.do_sample)
+        if recipe.do_sample:
+            kwargs.update(temperature=recipe.temperature, top_p=recipe.top_p, top_k=None)
+        out = target.generate(input_ids=input_ids, attention_mask=mask, max_new_tokens=recipe.max_new_tokens,
+                              pad_token_id=pad_id, **kwargs)
+        for p, prompt_ids, seq in zip(batch, rows, out[:, width:].tolist()):
+            answer = []
+            for tok in seq:
+                answer.append(tok)
+                if eos_ids is not None and tok in (eos_ids if isinstance(eos_ids, list) else [eos_ids]):
+                    break
+            while answer and answer[-1] == pad_id and pad_id not in (eos_ids if isinstance(eos_ids, list) else [eos_ids]):
+                answer.pop()
+            pending.append(TokenizedExample(id=str(p["id"]), input_ids=prompt_ids + answer,
+                                            loss_mask=[0] * len(prompt_ids) + [1] * len(answer),
+                                            source=str(p.get("source", ""))))
+        if bar is not None:
+            bar.update(len(batch))
+        while len(pending) >= recipe.shard_size:
+            atomic_write_text(_shard_path(out_dir, shard_index),
+                              "\n".join(e.to_json() for e in pending[: recipe.shard_size]) + "\n")
+            pending, shard_index = pending[recipe.shard_size:], shard_index + 1
+    if pending:
+        atomic_write_text(_shard_path(out_dir, shard_index), "\n".join(e.to_json() for e in pending) + "\n")
+    if bar is not None:
+        bar.close()
+    return out_dir
+
+
+def sample_anchors(
+    loss_mask: torch.Tensor, num_anchors: int, block_size: int, generator: torch.Generator | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Anchors for one sequence.
+
+    Args:
+        loss_mask: `[T]` 1 on supervised (answer) tokens.
+        num_anchors: at most this many anchors (fewer if the sequence has fewer valid positions).
+        block_size: K.
+    Returns:
+        anchors `[A]` (sorted positions p) and `label_mask` `[A, K]`: slot k (predicting token p + k + 1) is
+        supervised iff tokens p + 1 .. p + k + 1 all lie inside the mask and the sequence.
+    """
+    mask = loss_mask.bool()
+    t = mask.shape[0]
+    valid = torch.zeros(t, dtype=torch.bool)
+    if t >= 2:
+        valid[:-1] = mask[:-1] & mask[1:]
+    candidates = valid.nonzero().flatten()
+    if len(candidates) > num_anchors:
+        pick = torch.randperm(len(candidates), generator=generator)[:num_anchors]
+        candidates = candidates[pick].sort().values
+    positions = candidates[:, None] + 1 + torch.arange(block_size)[None, :]  # labels' positions [A, K]
+    inside = positions < t
+    label_in_mask = torch.zeros_like(inside)
+    label_in_mask[inside] = mask[positions[inside]]
+    return candidates, label_in_mask.long().cumprod(dim=1).bool()

@@ -1,0 +1,167 @@
+"""Target features for drafter training: online (the frozen target runs inside the step) or offline (a cache).
+
+Both produce a `FeatureBatch`: the concatenated outputs of the drafter's target layers (`context`, `[B, T, m*d]`) and
+the target's final normed hidden state (`final_hidden`, `[B, T, d]`, which the frozen LM head turns into the target's
+distributions at the supervised positions only), for right-padded sequences.
+
+The offline cache is a folder of safetensors shards (`features-00000.safetensors`, tensors `<id>.context` and
+`<id>.final`) plus `manifest.json` (target fingerprint, layer ids, dtype, example ids per shard). Shards are written to
+a temporary name and renamed when complete, and the manifest is rewritten after each shard, so an interrupted build
+resumes where it stopped. A cache built for another target or other layers is refused.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from .data import TokenizedExample
+from .provenance import atomic_write_json
+from .sps import target_fingerprint
+
+
+@dataclass
+class FeatureBatch:
+    """Right-padded batch. `input_ids`, `loss_mask`, `attention_mask` `[B, T]`; `context` `[B, T, m*d]`;
+    `final_hidden` `[B, T, d]`."""
+
+    input_ids: torch.Tensor
+    loss_mask: torch.Tensor
+    attention_mask: torch.Tensor
+    context: torch.Tensor
+    final_hidden: torch.Tensor
+
+
+def pad_examples(examples: Sequence[TokenizedExample], max_length: int | None = None,
+                 pad_id: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pads (and truncates to `max_length`) -> input_ids, loss_mask, attention_mask `[B, T]`."""
+    rows = [(e.input_ids[:max_length], e.loss_mask[:max_length]) for e in examples]
+    width = max(len(r[0]) for r in rows)
+    ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    loss = torch.zeros(len(rows), width, dtype=torch.long)
+    attn = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, (r_ids, r_mask) in enumerate(rows):
+        ids[i, : len(r_ids)] = torch.tensor(r_ids)
+        loss[i, : len(r_mask)] = torch.tensor(r_mask)
+        attn[i, : len(r_ids)] = 1
+    return ids, loss, attn
+
+
+class OnlineFeatures:
+    """Runs the frozen target on each batch and captures the drafter's layers and the final normed state."""
+
+    def __init__(self, target, target_layer_ids: Sequence[int]) -> None:
+        self.target = target.eval().requires_grad_(False)
+        self.layer_ids = list(target_layer_ids)
+        self.num_layers = target.config.get_text_config().num_hidden_layers
+
+    @torch.no_grad()
+    def __call__(self, examples: Sequence[TokenizedExample], max_length: int | None = None) -> FeatureBatch:
+        ids, loss, attn = pad_examples(examples, max_length)
+        device = self.target.device
+        wanted = [i + 1 for i in self.layer_ids] + [self.num_layers]
+        out = self.target(input_ids=ids.to(device), attention_mask=attn.to(device), output_hidden_states=wanted,
+                          logits_to_keep=1)
+        hs = out.hidden_states
+        context = torch.cat([hs[i + 1] for i in self.layer_ids], dim=-1)
+        return FeatureBatch(input_ids=ids, loss_mask=loss, attention_mask=attn, context=context,
+                            final_hidden=hs[self.num_layers])
+
+
+class FeatureCache:
+    """Reads an offline feature cache; `__call__` gives the same `FeatureBatch` as `OnlineFeatures`."""
+
+    def __init__(self, cache_dir: str | Path, target=None, target_layer_ids: Sequence[int] | None = None) -> None:
+        self.dir = Path(cache_dir)
+        manifest_path = self.dir / "manifest.json"
+        if not manifest_path.exists():
+            raise FileNotFoundError(f"{cache_dir} is not a feature cache (no manifest.json); build one with "
+                                    "dspark_hf.features.build_feature_cache")
+        self.manifest = json.loads(manifest_path.read_text())
+        if target is not None and self.manifest["target_fingerprint"] != target_fingerprint(target):
+            raise ValueError(f"feature cache {cache_dir} was built for target {self.manifest['target_fingerprint']}, "
+                             f"not {target_fingerprint(target)}")
+        if target_layer_ids is not None and list(target_layer_ids) != self.manifest["target_layer_ids"]:
+            raise ValueError(f"feature cache {cache_dir} holds layers {self.manifest['target_layer_ids']}, the drafter "
+                             f"reads {list(target_layer_ids)}")
+        self.shard_of = {ex_id: shard for shard, ids in self.manifest["shards"].items() for ex_id in ids}
+        self._loaded: dict[str, dict[str, torch.Tensor]] = {}
+
+    def __contains__(self, example_id: str) -> bool:
+        return example_id in self.shard_of
+
+    def _tensors(self, example_id: str) -> tuple[torch.Tensor, torch.Tensor]:
+        shard = self.shard_of[example_id]
+        if shard not in self._loaded:
+            if len(self._loaded) >= 4:  # keep a few shards in memory
+                self._loaded.pop(next(iter(self._loaded)))
+            self._loaded[shard] = load_file(self.dir / shard)
+        data = self._loaded[shard]
+        return data[f"{example_id}.context"], data[f"{example_id}.final"]
+
+    def __call__(self, examples: Sequence[TokenizedExample], max_length: int | None = None) -> FeatureBatch:
+        missing = [e.id for e in examples if e.id not in self.shard_of]
+        if missing:
+            raise KeyError(f"examples {missing[:5]} are not in the feature cache {self.dir}")
+        ids, loss, attn = pad_examples(examples, max_length)
+        b, t = ids.shape
+        tensors = [self._tensors(e.id) for e in examples]
+        context = torch.zeros(b, t, tensors[0][0].shape[-1], dtype=torch.float32)
+        final = torch.zeros(b, t, tensors[0][1].shape[-1], dtype=torch.float32)
+        for i, (c, f) in enumerate(tensors):
+            n = min(t, c.shape[0])
+            context[i, :n] = c[:n].float()
+            final[i, :n] = f[:n].float()
+        return FeatureBatch(input_ids=ids, loss_mask=loss, attention_mask=attn, context=context, final_hidden=final)
+
+
+@torch.no_grad()
+def build_feature_cache(target, examples: Sequence[TokenizedExample], cache_dir: str | Path,
+                        target_layer_ids: Sequence[int], batch_size: int = 8, max_length: int | None = None,
+                        dtype: torch.dtype = torch.float32, shard_examples: int = 64, progress: bool = True) -> Path:
+    """Runs the target once over `examples` and stores their features; resumes an interrupted build."""
+    cache_dir = Path(cache_dir)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    manifest_path = cache_dir / "manifest.json"
+    manifest = {"target_fingerprint": target_fingerprint(target), "target_layer_ids": list(target_layer_ids),
+                "dtype": str(dtype).replace("torch.", ""), "max_length": max_length, "shards": {}}
+    if manifest_path.exists():
+        old = json.loads(manifest_path.read_text())
+        if {k: old.get(k) for k in ("target_fingerprint", "target_layer_ids", "dtype", "max_length")} != \
+                {k: manifest[k] for k in ("target_fingerprint", "target_layer_ids", "dtype", "max_length")}:
+            raise ValueError(f"{cache_dir} holds a feature cache with other settings; use an empty folder")
+        manifest["shards"] = old["shards"]
+    done = {i for ids in manifest["shards"].values() for i in ids}
+    todo = [e for e in examples if e.id not in done]
+    online = OnlineFeatures(target, target_layer_ids)
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(examples), initial=len(examples) - len(todo), desc="target features", unit="seq")
+    for start in range(0, len(todo), shard_examples):
+        chunk = todo[start: start + shard_examples]
+        tensors: dict[str, torch.Tensor] = {}
+        for b in range(0, len(chunk), batch_size):
+            part = chunk[b: b + batch_size]
+            feats = online(part, max_length)
+            for i, e in enumerate(part):
+                n = int(feats.attention_mask[i].sum())
+                tensors[f"{e.id}.context"] = feats.context[i, :n].to(dtype).contiguous().cpu()
+                tensors[f"{e.id}.final"] = feats.final_hidden[i, :n].to(dtype).contiguous().cpu()
+            if bar is not None:
+                bar.update(len(part))
+        name = f"features-{len(manifest['shards']):05d}.safetensors"
+        tmp = cache_dir / f".{name}.tmp"
+        save_file(tensors, tmp)
+        tmp.replace(cache_dir / name)
+        manifest["shards"][name] = [e.id for e in chunk]
+        atomic_write_json(manifest_path, manifest)
+    if bar is not None:
+        bar.close()
+    return cache_dir

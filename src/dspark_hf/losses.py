@@ -1,0 +1,100 @@
+"""DSpark training losses (paper 3.3; ../shared/DESIGN.md section 2): pure tensor functions.
+
+For N supervised blocks of K slots, with position weights w_k = exp(-(k - 1) / gamma) (k = 1..K):
+
+* CE   = cross-entropy of the Markov-corrected draft logits against the ground-truth token,
+* TV   = sum_v |p_d(v) - p_t(v)| over the full vocabulary (fp32), p_t = softmax of the target's own logits,
+* conf = BCE(confidence logit, c*) with c* = 1 - 0.5 * ||p_d - p_t||_1, detached (the analytic acceptance rate),
+
+each averaged over the supervised slots with weights w_k, combined as alpha_ce * CE + alpha_tv * TV +
+alpha_conf * conf (paper: 0.1, 0.9, 1.0). The DFlash baseline uses CE only (alpha_tv = alpha_conf = 0).
+Diagnostics: accept_rate@k (mean c* at slot k) and the expected accepted length 1 + sum_j prod_{i<=j} c*_i.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class LossWeights:
+    ce: float = 0.1
+    tv: float = 0.9
+    conf: float = 1.0
+    decay: float = 7.0  # gamma of w_k = exp(-(k - 1) / gamma)
+
+
+@dataclass
+class LossOutput:
+    """Loss terms (scalars) and diagnostics of one batch."""
+
+    total: torch.Tensor
+    ce: torch.Tensor
+    tv: torch.Tensor
+    conf: torch.Tensor
+    accept_rate: torch.Tensor  # [K] mean c* per slot over supervised blocks
+    expected_tau: torch.Tensor  # scalar: mean over blocks of 1 + sum_j prod_{i<=j} c*_i (supervised prefix)
+    num_slots: int
+
+    def as_dict(self) -> dict[str, float]:
+        scalar = lambda x: float(x.detach())  # noqa: E731
+        out = {"loss": scalar(self.total), "ce": scalar(self.ce), "tv": scalar(self.tv), "conf": scalar(self.conf),
+               "expected_tau": float(self.expected_tau), "supervised_slots": self.num_slots}
+        out.update({f"accept_rate@{k + 1}": float(v) for k, v in enumerate(self.accept_rate)})
+        return out
+
+
+def position_weights(block_size: int, decay: float, device: torch.device | None = None) -> torch.Tensor:
+    """w_k = exp(-(k - 1) / decay) for k = 1..K."""
+    return torch.exp(-torch.arange(block_size, dtype=torch.float32, device=device) / decay)
+
+
+def dspark_loss(
+    draft_logits: torch.Tensor,
+    target_logits: torch.Tensor,
+    labels: torch.Tensor,
+    mask: torch.Tensor,
+    confidence_logits: torch.Tensor | None,
+    weights: LossWeights,
+) -> LossOutput:
+    """The three DSpark terms.
+
+    Args:
+        draft_logits: `[N, K, V]` Markov-corrected draft logits (teacher-forced).
+        target_logits: `[N, K, V]` the target's logits for the same positions (no gradient).
+        labels: `[N, K]` ground-truth tokens.
+        mask: `[N, K]` bool, supervised slots (cumulative-product mask).
+        confidence_logits: `[N, K]` or None (no confidence head).
+        weights: loss weights and position decay.
+    """
+    n, k, _ = draft_logits.shape
+    mask = mask.bool()
+    w = position_weights(k, weights.decay, draft_logits.device)[None, :].expand(n, k) * mask
+    denom = w.sum().clamp(min=1e-8)
+    logp_d = F.log_softmax(draft_logits.float(), dim=-1)
+    p_d = logp_d.exp()
+    with torch.no_grad():
+        p_t = F.softmax(target_logits.float(), dim=-1)
+    ce_pos = F.nll_loss(logp_d.reshape(n * k, -1), labels.reshape(-1).clamp(min=0), reduction="none").view(n, k)
+    l1_pos = (p_d - p_t).abs().sum(dim=-1)  # [N, K], in [0, 2]
+    ce = (ce_pos * w).sum() / denom
+    tv = (l1_pos * w).sum() / denom
+    c_star = (1.0 - 0.5 * l1_pos).detach().clamp(0.0, 1.0)
+    if confidence_logits is not None:
+        bce = F.binary_cross_entropy_with_logits(confidence_logits.float(), c_star, reduction="none")
+        conf = (bce * w).sum() / denom
+    else:
+        conf = torch.zeros((), device=draft_logits.device)
+    total = weights.ce * ce + weights.tv * tv + weights.conf * conf
+    with torch.no_grad():
+        counts = mask.sum(dim=0).clamp(min=1)
+        accept_rate = (c_star * mask).sum(dim=0) / counts
+        survival = torch.cumprod(torch.where(mask, c_star, torch.zeros_like(c_star)), dim=1)
+        blocks = mask[:, 0]
+        expected_tau = (1.0 + survival.sum(dim=1))[blocks].mean() if blocks.any() else torch.tensor(math.nan)
+    return LossOutput(total=total, ce=ce, tv=tv, conf=conf, accept_rate=accept_rate, expected_tau=expected_tau,
+                      num_slots=int(mask.sum()))

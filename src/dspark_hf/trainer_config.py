@@ -1,0 +1,118 @@
+"""`DSparkTrainingConfig`: every knob of drafter training, with help text that becomes a CLI flag.
+
+Sources, in increasing priority: the dataclass defaults, a YAML file (`--config`), `key=value` overrides and
+`--key value` flags. Unknown keys are errors that name the key (a typo must never be silently ignored).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+VARIANTS = ("dspark", "dflash")
+
+
+@dataclass
+class DSparkTrainingConfig:
+    # ---- what to train
+    target: str = field(default="", metadata={"help": "target model: a registry name (see dspark_hf.targets) or a local folder"})
+    data_dir: str = field(default="", metadata={"help": "folder written by `dspark-hf data` (data-*.jsonl shards)"})
+    output_dir: str = field(default="outputs/drafter", metadata={"help": "checkpoints, logs and the final drafter go here"})
+    feature_cache: str | None = field(default=None, metadata={"help": "offline target-feature cache folder (built on first use); empty = online features"})
+    variant: str = field(default="dspark", metadata={"help": "'dspark' (sequential + confidence heads, CE+TV+conf loss) or 'dflash' (no heads, CE only)"})
+    init_from: str | None = field(default=None, metadata={"help": "start from this drafter folder instead of a random init"})
+    # ---- drafter architecture
+    block_size: int = field(default=7, metadata={"help": "tokens per draft block"})
+    num_hidden_layers: int = field(default=1, metadata={"help": "draft decoder layers"})
+    intermediate_size: int | None = field(default=None, metadata={"help": "draft MLP width (default: the target's)"})
+    target_layer_ids: list[int] | None = field(default=None, metadata={"help": "target layers feeding the drafter (default: spread over depth)"})
+    sequential_head: str = field(default="markov", metadata={"help": "markov | gated_markov | rnn | none"})
+    markov_rank: int = field(default=256, metadata={"help": "rank of the Markov / RNN head"})
+    draft_candidates: int | None = field(default=64, metadata={"help": "inference: score only the top-M base logits per slot (None = full vocab)"})
+    # ---- loss
+    alpha_ce: float = field(default=0.1, metadata={"help": "weight of the cross-entropy term"})
+    alpha_tv: float = field(default=0.9, metadata={"help": "weight of the total-variation term"})
+    alpha_conf: float = field(default=1.0, metadata={"help": "weight of the confidence BCE term"})
+    loss_decay: float | None = field(default=None, metadata={"help": "gamma of w_k = exp(-(k-1)/gamma); default: block_size"})
+    # ---- optimisation
+    learning_rate: float = field(default=6e-4, metadata={"help": "peak learning rate (AdamW)"})
+    weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
+    warmup_steps: int = field(default=50, metadata={"help": "linear warmup steps, then cosine decay to 0"})
+    max_steps: int = field(default=1000, metadata={"help": "optimizer steps"})
+    batch_size: int = field(default=4, metadata={"help": "sequences per micro-batch (per process)"})
+    gradient_accumulation_steps: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
+    num_anchors: int = field(default=64, metadata={"help": "anchors (blocks) sampled per sequence"})
+    max_length: int = field(default=768, metadata={"help": "truncate sequences to this many tokens"})
+    max_grad_norm: float = field(default=1.0, metadata={"help": "gradient clipping (0 = off)"})
+    mixed_precision: str = field(default="no", metadata={"help": "'no' (fp32) or 'bf16'"})
+    seed: int = field(default=0, metadata={"help": "data order and anchor sampling seed"})
+    heldout_fraction: float = field(default=0.02, metadata={"help": "examples kept out of training (for calibration / eval)"})
+    # ---- bookkeeping
+    save_every: int = field(default=200, metadata={"help": "checkpoint every N optimizer steps"})
+    keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
+    log_every: int = field(default=10, metadata={"help": "log every N optimizer steps"})
+    resume: bool = field(default=True, metadata={"help": "resume from the latest checkpoint in output_dir if there is one"})
+
+    def __post_init__(self) -> None:
+        if self.variant not in VARIANTS:
+            raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        if self.mixed_precision not in ("no", "bf16"):
+            raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
+        for name in ("block_size", "num_hidden_layers", "max_steps", "batch_size", "gradient_accumulation_steps",
+                     "num_anchors", "max_length", "save_every", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not 0.0 <= self.heldout_fraction < 1.0:
+            raise ValueError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
+        if self.variant == "dflash":  # the baseline: same backbone, no heads, CE only
+            self.sequential_head = "none"
+            self.alpha_tv = 0.0
+            self.alpha_conf = 0.0
+
+    @property
+    def confidence_head(self) -> bool:
+        return self.variant == "dspark"
+
+
+def _parse_value(text: str) -> Any:
+    import yaml
+
+    return yaml.safe_load(text)
+
+
+def load_training_config(argv: list[str] | None = None) -> DSparkTrainingConfig:
+    """Builds the config from `--config FILE.yaml`, `key=value` overrides and `--key value` flags."""
+    import yaml
+    from transformers import HfArgumentParser
+
+    argv = list(argv or [])
+    known = {f.name for f in fields(DSparkTrainingConfig)}
+    values: dict[str, Any] = {}
+    if "--config" in argv:
+        i = argv.index("--config")
+        if i + 1 >= len(argv):
+            raise ValueError("--config needs a YAML file")
+        path = Path(argv[i + 1])
+        del argv[i: i + 2]
+        try:
+            loaded = yaml.safe_load(path.read_text()) or {}
+        except (OSError, yaml.YAMLError) as err:
+            raise ValueError(f"could not read training config {path}: {err}") from err
+        if not isinstance(loaded, dict):
+            raise ValueError(f"{path} must hold a mapping of config keys")
+        values.update(loaded)
+    flags = []
+    for token in argv:
+        if "=" in token and not token.startswith("-"):
+            key, _, text = token.partition("=")
+            values[key.strip()] = _parse_value(text)
+        else:
+            flags.append(token)
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"unknown training config key(s) {unknown}; valid keys: {sorted(known)}")
+    parser = HfArgumentParser(DSparkTrainingConfig)
+    parser.set_defaults(**values)
+    (config,) = parser.parse_args_into_dataclasses(args=flags)
+    return config

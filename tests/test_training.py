@@ -1,0 +1,213 @@
+"""Training: data, anchors, losses by hand, online == offline features, learning, exact resume, bad input."""
+
+import json
+import math
+
+import pytest
+import torch
+
+import dspark_hf
+from conftest import learnable_examples, make_drafter, make_target, make_tokenizer
+from dspark_hf.data import GenerationRecipe, generate_responses, read_examples, sample_anchors
+from dspark_hf.features import FeatureCache, OnlineFeatures, build_feature_cache
+from dspark_hf.losses import LossWeights, dspark_loss, position_weights
+from dspark_hf.trainer import DSparkTrainer, build_drafter, split_examples
+from dspark_hf.trainer_config import DSparkTrainingConfig, load_training_config
+
+
+# ---------------------------------------------------------------------------------------------- anchors
+def test_anchor_sampling_respects_the_mask():
+    mask = torch.tensor([0, 0, 1, 1, 1, 0, 1, 1, 1, 1])
+    anchors, label_mask = sample_anchors(mask, num_anchors=100, block_size=3)
+    # p valid iff mask[p] and mask[p+1]: 2, 3, 6, 7, 8
+    assert anchors.tolist() == [2, 3, 6, 7, 8]
+    # slot k of anchor p is supervised while labels p+1..p+k+1 stay in the mask and the sequence
+    assert label_mask.tolist() == [[1, 1, 0], [1, 0, 0], [1, 1, 1], [1, 1, 0], [1, 0, 0]]
+    few, _ = sample_anchors(mask, num_anchors=2, block_size=3, generator=torch.Generator().manual_seed(0))
+    assert len(few) == 2 and set(few.tolist()) <= {2, 3, 6, 7, 8}
+
+
+# ---------------------------------------------------------------------------------------------- losses by hand
+def test_each_loss_term_equals_a_hand_computation():
+    draft = torch.tensor([[[2.0, 0.0, 0.0], [0.0, 1.0, 0.0]]])  # [N=1, K=2, V=3]
+    target = torch.tensor([[[0.0, 0.0, 0.0], [0.0, 3.0, 0.0]]])
+    labels = torch.tensor([[0, 2]])
+    mask = torch.tensor([[True, True]])
+    conf = torch.tensor([[0.5, -1.0]])
+    w = LossWeights(ce=0.1, tv=0.9, conf=1.0, decay=2.0)
+    out = dspark_loss(draft, target, labels, mask, conf, w)
+    pd = [[math.exp(2) / (math.exp(2) + 2), 1 / (math.exp(2) + 2), 1 / (math.exp(2) + 2)],
+          [1 / (math.e + 2), math.e / (math.e + 2), 1 / (math.e + 2)]]
+    pt = [[1 / 3] * 3, [1 / (math.exp(3) + 2), math.exp(3) / (math.exp(3) + 2), 1 / (math.exp(3) + 2)]]
+    wk = [1.0, math.exp(-1 / 2)]
+    ce = [-math.log(pd[0][0]), -math.log(pd[1][2])]
+    l1 = [sum(abs(a - b) for a, b in zip(pd[k], pt[k])) for k in range(2)]
+    cstar = [1 - 0.5 * x for x in l1]
+    sig = lambda x: 1 / (1 + math.exp(-x))  # noqa: E731
+    bce = [-(c * math.log(sig(z)) + (1 - c) * math.log(1 - sig(z))) for c, z in zip(cstar, [0.5, -1.0])]
+    avg = lambda xs: sum(a * b for a, b in zip(wk, xs)) / sum(wk)  # noqa: E731
+    assert float(out.ce) == pytest.approx(avg(ce), rel=1e-5)
+    assert float(out.tv) == pytest.approx(avg(l1), rel=1e-5)
+    assert float(out.conf) == pytest.approx(avg(bce), rel=1e-5)
+    assert float(out.total) == pytest.approx(0.1 * avg(ce) + 0.9 * avg(l1) + avg(bce), rel=1e-5)
+    assert out.accept_rate.tolist() == pytest.approx(cstar, rel=1e-5)
+    assert float(out.expected_tau) == pytest.approx(1 + cstar[0] + cstar[0] * cstar[1], rel=1e-5)
+    # a masked slot contributes nothing
+    masked = dspark_loss(draft, target, labels, torch.tensor([[True, False]]), conf, w)
+    assert float(masked.ce) == pytest.approx(ce[0], rel=1e-5)
+    assert position_weights(3, 2.0).tolist() == pytest.approx([1.0, math.exp(-0.5), math.exp(-1.0)])
+
+
+# ---------------------------------------------------------------------------------------------- data
+def test_generate_responses_is_resumable_and_masks_the_answer(tmp_path):
+    target = make_target("llama")
+    tok = make_tokenizer()
+    prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"w{10 + i} w{20 + i}"}], "source": "t"}
+               for i in range(6)]
+    recipe = GenerationRecipe(max_new_tokens=6, batch_size=4, shard_size=3)
+    generate_responses(target, tok, prompts[:4], tmp_path, recipe, progress=False)
+    first = read_examples(tmp_path)
+    generate_responses(target, tok, prompts, tmp_path, recipe, progress=False)  # resumes: only 2 new prompts
+    examples = read_examples(tmp_path)
+    assert [e.id for e in examples] == [f"p{i}" for i in range(6)]
+    assert [e.input_ids for e in examples[:4]] == [e.input_ids for e in first]
+    for e, p in zip(examples, prompts):
+        prompt_ids = tok.apply_chat_template(p["messages"], tokenize=True, add_generation_prompt=True)
+        prompt_ids = list(prompt_ids["input_ids"] if hasattr(prompt_ids, "keys") else prompt_ids)
+        assert e.input_ids[: len(prompt_ids)] == prompt_ids
+        assert e.loss_mask == [0] * len(prompt_ids) + [1] * (len(e.input_ids) - len(prompt_ids))
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    assert manifest["recipe"]["max_new_tokens"] == 6
+
+
+def test_missing_chat_template_is_a_clear_error(tmp_path):
+    target = make_target("llama")
+    with pytest.raises(ValueError, match="chat template"):
+        generate_responses(target, make_tokenizer(chat_template=None),
+                           [{"id": "a", "messages": [{"role": "user", "content": "w5"}]}], tmp_path, progress=False)
+
+
+# ---------------------------------------------------------------------------------------------- features
+def test_online_and_offline_features_give_the_same_batches(tmp_path):
+    target = make_target("qwen3")
+    examples = learnable_examples(target, count=10)
+    layers = [1, 2]
+    build_feature_cache(target, examples, tmp_path, layers, batch_size=3, shard_examples=4, progress=False)
+    offline = FeatureCache(tmp_path, target, layers)
+    online = OnlineFeatures(target, layers)
+    batch = examples[2:7]
+    a, b = online(batch), offline(batch)
+    for name in ("input_ids", "loss_mask", "attention_mask"):
+        assert torch.equal(getattr(a, name), getattr(b, name))
+    valid = a.attention_mask.bool()
+    assert torch.allclose(a.context[valid], b.context[valid], atol=1e-6)
+    assert torch.allclose(a.final_hidden[valid], b.final_hidden[valid], atol=1e-6)
+    with pytest.raises(ValueError, match="layers"):
+        FeatureCache(tmp_path, target, [0, 1])
+    with pytest.raises(ValueError, match="target"):
+        FeatureCache(tmp_path, make_target("qwen3", layers=6))
+
+
+# ---------------------------------------------------------------------------------------------- learning
+def tiny_config(tmp_path, **kw) -> DSparkTrainingConfig:
+    base = dict(output_dir=str(tmp_path / "run"), max_steps=150, batch_size=8, num_anchors=16, block_size=4,
+                markov_rank=16, learning_rate=3e-3, warmup_steps=10, save_every=1000, log_every=10, resume=False,
+                heldout_fraction=0.1, draft_candidates=None)
+    base.update(kw)
+    return DSparkTrainingConfig(**base)
+
+
+def measured_tau(target, drafter, examples) -> float:
+    ids = torch.tensor([e.input_ids[:8] for e in examples])
+    out = dspark_hf.generate(target, drafter.eval(), ids, max_new_tokens=24, policy="fixed",
+                             return_dict_in_generate=True)
+    return sum(s.mean_accepted_length for s in out.stats) / len(out.stats)
+
+
+def test_training_lowers_the_loss_and_raises_measured_tau(tmp_path):
+    target = make_target("llama")
+    examples = learnable_examples(target, count=200)
+    config = tiny_config(tmp_path)
+    torch.manual_seed(0)
+    drafter = build_drafter(config, target)
+    untrained = build_drafter(config, target).eval()
+    before = {n: p.detach().clone() for n, p in drafter.named_parameters()}
+    frozen_before = {n: p.detach().clone() for n, p in target.named_parameters()}
+    trainer = DSparkTrainer(config, target, examples, drafter=drafter, progress=False)
+    final = trainer.train()
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["loss"] < 0.8 * log[0]["loss"]
+    assert log[-1]["tv"] < log[0]["tv"] and log[-1]["expected_tau"] > log[0]["expected_tau"]
+    assert all(f"accept_rate@{k}" in log[-1] for k in range(1, 5))
+    changed = [n for n, p in drafter.named_parameters() if not torch.equal(before[n], p.detach())]
+    assert sorted(changed) == sorted(before), set(before) - set(changed)  # every trainable parameter changed
+    assert all(torch.equal(frozen_before[n], p) for n, p in target.named_parameters())  # the target did not
+    heldout = trainer.heldout
+    assert heldout and not set(e.id for e in heldout) & set(e.id for e in trainer.train_examples)
+    trained_tau, untrained_tau = measured_tau(target, drafter, heldout), measured_tau(target, untrained, heldout)
+    assert trained_tau > untrained_tau + 0.25, (trained_tau, untrained_tau)
+    reloaded = dspark_hf.DSparkDrafter.from_pretrained(final, target=target)
+    assert measured_tau(target, reloaded, heldout) == pytest.approx(trained_tau)
+
+
+def test_dflash_variant_has_no_heads_and_uses_ce_only(tmp_path):
+    target = make_target("llama")
+    config = tiny_config(tmp_path, variant="dflash", max_steps=3)
+    drafter = build_drafter(config, target)
+    assert drafter.markov_head is None and drafter.confidence_head is None
+    assert (config.alpha_tv, config.alpha_conf) == (0.0, 0.0)
+    trainer = DSparkTrainer(config, target, learnable_examples(target, count=20), drafter=drafter, progress=False)
+    trainer.train()
+    last = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[-1])
+    assert last["conf"] == 0.0 and last["loss"] == pytest.approx(0.1 * last["ce"], rel=1e-5)
+
+
+def test_exact_resume(tmp_path):
+    """Stopping at step 6 and resuming gives the same losses at steps 7..12 as an uninterrupted run (1e-5)."""
+    target = make_target("llama")
+    examples = learnable_examples(target, count=40)
+
+    def run(folder, max_steps, resume):
+        cfg = tiny_config(tmp_path, output_dir=str(tmp_path / folder), max_steps=max_steps, save_every=6,
+                          log_every=1, resume=resume, gradient_accumulation_steps=2, batch_size=3)
+        torch.manual_seed(0)
+        trainer = DSparkTrainer(cfg, target, examples, drafter=build_drafter(cfg, target), progress=False)
+        trainer.train()
+        return [json.loads(line) for line in (tmp_path / folder / "log.jsonl").read_text().splitlines()]
+
+    straight = run("a", 12, False)
+    run("b", 6, False)
+    resumed = run("b", 12, True)  # the second process finds checkpoint-000006 and continues
+    assert [r["step"] for r in resumed] == list(range(1, 13))
+    for x, y in zip(straight[6:], resumed[6:]):
+        assert x["step"] == y["step"] and x["loss"] == pytest.approx(y["loss"], abs=1e-5)
+
+
+# ---------------------------------------------------------------------------------------------- bad input
+def test_config_errors(tmp_path):
+    (tmp_path / "c.yaml").write_text("learning_rate: 0.001\nlearnig_rate: 3\n")
+    with pytest.raises(ValueError, match="learnig_rate"):
+        load_training_config(["--config", str(tmp_path / "c.yaml")])
+    with pytest.raises(ValueError, match="nope"):
+        load_training_config(["nope=1"])
+    (tmp_path / "ok.yaml").write_text("max_steps: 5\nlearning_rate: 0.5\n")
+    cfg = load_training_config(["--config", str(tmp_path / "ok.yaml"), "max_steps=7", "--learning_rate", "0.01",
+                                "target_layer_ids=[1, 2]"])
+    assert cfg.max_steps == 7 and cfg.learning_rate == 0.01 and cfg.target_layer_ids == [1, 2]
+    with pytest.raises(ValueError, match="variant"):
+        DSparkTrainingConfig(variant="eagle")
+
+
+def test_checkpoint_from_another_target_is_refused(tmp_path):
+    other = make_target("llama", vocab_size=64)
+    make_drafter(other).save_pretrained(tmp_path / "other")
+    target = make_target("llama")
+    with pytest.raises(ValueError, match="vocab size"):
+        build_drafter(tiny_config(tmp_path, init_from=str(tmp_path / "other")), target)
+
+
+def test_heldout_split_is_stable():
+    examples = learnable_examples(make_target("llama"), count=50)
+    a = split_examples(examples, 0.2)
+    b = split_examples(list(reversed(examples)), 0.2)
+    assert {e.id for e in a[1]} == {e.id for e in b[1]} and 0 < len(a[1]) < 50
