@@ -68,6 +68,17 @@ class RowStats:
 
 
 @dataclass
+class RoundRecord:
+    """One verification round (recorded with `record_rounds=True`): the rows' original indices `[R]`, raw confidence
+    logits `[R, K]` (before STS; None without a confidence head), verify lengths `[R]` and accepted drafts `[R]`."""
+
+    rows: torch.Tensor
+    confidence_logits: torch.Tensor | None
+    lengths: torch.Tensor
+    accepted: torch.Tensor
+
+
+@dataclass
 class DSparkGenerateOutput(ModelOutput):
     """`sequences` `[R, L + new]` (prompts as given, generated tokens right-padded with `pad_token_id`), per-row
     `stats`, the number of generated tokens per row, the policy used, and the peak KV-cache width in columns."""
@@ -77,6 +88,7 @@ class DSparkGenerateOutput(ModelOutput):
     num_generated: torch.LongTensor | None = None
     policy: str | None = None
     peak_cache_columns: int | None = None
+    rounds: list[RoundRecord] | None = None
 
 
 _SPS_CACHE: dict[tuple, SPSTable] = {}
@@ -181,6 +193,7 @@ def generate(
     return_dict_in_generate: bool = False,
     generator: torch.Generator | None = None,
     hole_budget: int | None = None,
+    record_rounds: bool = False,
     **unused: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """Speculative decoding of a left-padded batch with a DSpark drafter. Lossless: greedy output equals each row's
@@ -202,6 +215,7 @@ def generate(
         generator: RNG for drafting and verification (sampling).
         hole_budget: compact the KV caches once the widest row carries more than this many masked columns
             (default 2 * (block_size + 1)).
+        record_rounds: keep a `RoundRecord` per round in the output (for calibration and evaluation).
     """
     started = time.perf_counter()
     attention_mask = _check_inputs(target, input_ids, attention_mask, max_new_tokens, policy, drafter)
@@ -249,6 +263,7 @@ def generate(
     history: list[torch.Tensor] = []                 # confidences of past rounds, for the async policy
     history_rows: list[torch.Tensor] = []
     peak_columns = kv_valid.shape[1]
+    rounds: list[RoundRecord] = []
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
@@ -328,6 +343,11 @@ def generate(
                                pos.to(drafter.device), kept.to(drafter.device))
         next_pos = next_pos + 1 + result.num_accepted
         anchors = result.next_tokens
+        if record_rounds:
+            rounds.append(RoundRecord(
+                rows=active.cpu().clone(),
+                confidence_logits=None if block.confidence_logits is None else block.confidence_logits.float().cpu(),
+                lengths=lengths.cpu().clone(), accepted=result.num_accepted.cpu().clone()))
         for i, row in enumerate(active.tolist()):
             s = stats[row]
             s.rounds += 1
@@ -344,7 +364,7 @@ def generate(
     if not return_dict_in_generate:
         return sequences
     return DSparkGenerateOutput(sequences=sequences, stats=stats, num_generated=num_generated, policy=policy,
-                                peak_cache_columns=peak_columns)
+                                peak_cache_columns=peak_columns, rounds=rounds if record_rounds else None)
 
 
 def speculative_generate(
