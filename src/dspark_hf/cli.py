@@ -1,13 +1,22 @@
 """The `dspark-hf` command: thin subcommands over library functions.
 
-    dspark-hf demo        speculative vs target-only generation, side by side (see dspark_hf.demo)
-    dspark-hf bench       throughput vs concurrency per verification policy (see dspark_hf.bench.throughput)
-    dspark-hf bench-head  cost of the sequential head vs the parallel forward (see dspark_hf.bench.head_cost)
+    dspark-hf demo        speculative vs target-only generation, side by side (dspark_hf.demo)
+    dspark-hf prompts     build training prompts from non-evaluation sources (dspark_hf.training_prompts)
+    dspark-hf data        the target answers the prompts: training data (dspark_hf.data)
+    dspark-hf train       train a drafter (dspark_hf.trainer; `accelerate launch` for many GPUs)
+    dspark-hf calibrate   STS calibration, written into the drafter's config (dspark_hf.calibration)
+    dspark-hf eval        tau, per-position acceptance, threshold sweep, speedup, quality (dspark_hf.evaluation)
+    dspark-hf bench       throughput vs concurrency per verification policy (dspark_hf.bench.throughput)
+    dspark-hf bench-head  cost of the sequential head vs the parallel forward (dspark_hf.bench.head_cost)
+    dspark-hf fetch-target  download and convert a registered target model (dspark_hf.targets)
 """
 
 from __future__ import annotations
 
+import argparse
+import shutil
 import sys
+from pathlib import Path
 from typing import Callable
 
 
@@ -29,10 +38,155 @@ def _bench_head(argv: list[str]) -> None:
     main(argv)
 
 
+def _fetch_target(argv: list[str]) -> None:
+    from .targets import fetch_target, list_targets
+
+    parser = argparse.ArgumentParser(prog="dspark-hf fetch-target")
+    parser.add_argument("name", choices=list_targets())
+    parser.add_argument("--force", action="store_true")
+    args = parser.parse_args(argv)
+    print(fetch_target(args.name, force=args.force))
+
+
+def _prompts(argv: list[str]) -> None:
+    from .training_prompts import TrainingPromptRecipe, build_training_prompts, count_by_source, write_jsonl
+
+    parser = argparse.ArgumentParser(prog="dspark-hf prompts", description="build training prompts (no eval sets)")
+    parser.add_argument("--out", required=True, help="JSONL file to write")
+    parser.add_argument("--seed", type=int, default=1234)
+    parser.add_argument("--limit", type=int, help="keep this many prompts, sampled evenly across sources")
+    parser.add_argument("--skip-missing", action="store_true", help="skip sources that are not installed")
+    args = parser.parse_args(argv)
+    prompts = build_training_prompts(TrainingPromptRecipe(seed=args.seed, skip_missing=args.skip_missing))
+    if args.limit and args.limit < len(prompts):
+        import random
+
+        by_source: dict[str, list] = {}
+        for p in prompts:
+            by_source.setdefault(p["source"], []).append(p)
+        rng = random.Random(args.seed)
+        for rows in by_source.values():
+            rng.shuffle(rows)
+        picked, i = [], 0
+        while len(picked) < args.limit:  # round robin over sources
+            for rows in by_source.values():
+                if i < len(rows) and len(picked) < args.limit:
+                    picked.append(rows[i])
+            i += 1
+        prompts = sorted(picked, key=lambda p: p["id"])
+    write_jsonl(args.out, prompts)
+    print(f"wrote {len(prompts)} prompts to {args.out}: {count_by_source(prompts)}")
+
+
+def _data(argv: list[str]) -> None:
+    from .data import GenerationRecipe, generate_responses
+    from .targets import load_target
+    from .training_prompts import read_prompts_jsonl
+
+    parser = argparse.ArgumentParser(prog="dspark-hf data", description="the target answers the prompts")
+    parser.add_argument("--target", required=True, help="registry name or folder of the target")
+    parser.add_argument("--prompts", required=True, help="JSONL with 'messages' (or 'prompt') per line")
+    parser.add_argument("--out", required=True, help="output folder (resumable)")
+    parser.add_argument("--limit", type=int)
+    parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
+                        help="broken prompt lines: skip them (and report the count) or stop")
+    for name, default in (("max_new_tokens", 256), ("batch_size", 16), ("seed", 0), ("max_prompt_tokens", 512)):
+        parser.add_argument(f"--{name.replace('_', '-')}", type=int, default=default)
+    parser.add_argument("--do-sample", action="store_true")
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=1.0)
+    args = parser.parse_args(argv)
+    prompts, skipped = read_prompts_jsonl(args.prompts, on_error=args.on_error)
+    if skipped:
+        print(f"skipped {skipped} broken line(s) of {args.prompts}")
+    prompts = prompts[: args.limit] if args.limit else prompts
+    target, tokenizer = load_target(args.target)
+    recipe = GenerationRecipe(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
+                              temperature=args.temperature, top_p=args.top_p, batch_size=args.batch_size,
+                              seed=args.seed, max_prompt_tokens=args.max_prompt_tokens)
+    print(generate_responses(target, tokenizer, prompts, args.out, recipe))
+
+
+def _train(argv: list[str]) -> None:
+    from .trainer import train_from_config
+    from .trainer_config import load_training_config
+
+    config = load_training_config(argv)
+    print(train_from_config(config))
+
+
+def _calibrate(argv: list[str]) -> None:
+    from .calibration import calibrate, collect_rounds
+    from .data import chat_prompt_ids
+    from .modeling_dspark import DSparkDrafter
+    from .targets import load_target
+    from .training_prompts import read_prompts_jsonl
+
+    parser = argparse.ArgumentParser(prog="dspark-hf calibrate", description="STS calibration of a drafter")
+    parser.add_argument("--drafter", required=True)
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--prompts", required=True, help="held-out prompts (JSONL)")
+    parser.add_argument("--limit", type=int, default=64)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--out", help="write the calibrated drafter here (default: in place)")
+    args = parser.parse_args(argv)
+    target, tokenizer = load_target(args.target)
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).eval()
+    drafter.set_sts_temperatures([])
+    prompts, _ = read_prompts_jsonl(args.prompts)
+    ids = [chat_prompt_ids(tokenizer, p["messages"]) for p in prompts[: args.limit]]
+    data = collect_rounds(target, drafter, ids, args.max_new_tokens, args.batch_size,
+                          pad_id=tokenizer.pad_token_id or 0)
+    out = Path(args.out or args.drafter)
+    report = calibrate(drafter, data, out / "calibration")
+    tmp = out.parent / f".{out.name}.calibrating"
+    shutil.rmtree(tmp, ignore_errors=True)
+    drafter.save_pretrained(tmp)
+    for item in tmp.iterdir():  # replace the drafter files, keep anything else in the folder
+        item.replace(out / item.name)
+    tmp.rmdir()
+    before, after = report["pooled_before"], report["pooled_after"]
+    print(f"STS temperatures {['%.3f' % t for t in report['temperatures']]}; ECE {before['ece']:.4f} -> "
+          f"{after['ece']:.4f}, AUROC {before['auroc']:.3f} -> {after['auroc']:.3f}, Brier {before['brier']:.4f} -> "
+          f"{after['brier']:.4f}; written to {out}")
+
+
+def _eval(argv: list[str]) -> None:
+    from .evaluation import evaluate_drafter, write_results
+    from .modeling_dspark import DSparkDrafter
+    from .targets import load_target
+
+    parser = argparse.ArgumentParser(prog="dspark-hf eval", description="evaluate a drafter on prompt sets")
+    parser.add_argument("--drafter", required=True)
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--datasets", default="humaneval,mt_bench,math500,gsm_symbolic")
+    parser.add_argument("--limit", type=int, default=32)
+    parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--speed-prompts", type=int, default=4, help="prompts timed at batch size 1 (0 = skip)")
+    parser.add_argument("--no-quality", action="store_true", help="skip the task-accuracy guard")
+    parser.add_argument("--out", default="outputs/eval")
+    args = parser.parse_args(argv)
+    target, tokenizer = load_target(args.target)
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).eval()
+    results = evaluate_drafter(target, drafter, tokenizer, args.datasets.split(","), args.limit, args.max_new_tokens,
+                               args.batch_size, args.speed_prompts, not args.no_quality)
+    label = f"drafter={args.drafter}, target={args.target}, max_new_tokens={args.max_new_tokens}"
+    out = write_results(results, args.out, label, target.device, {"args": vars(args)})
+    print((out / "eval.md").read_text())
+
+
 COMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
     "demo": (_demo, "speculative vs target-only generation, side by side"),
+    "prompts": (_prompts, "build training prompts from non-evaluation sources"),
+    "data": (_data, "the target answers prompts: drafter training data"),
+    "train": (_train, "train a drafter (--config FILE.yaml [key=value ...])"),
+    "calibrate": (_calibrate, "STS calibration of a drafter's confidence head"),
+    "eval": (_eval, "evaluate a drafter: tau, acceptance, speedup, quality"),
     "bench": (_bench, "throughput vs concurrency for every verification policy"),
     "bench-head": (_bench_head, "time the sequential head against the parallel forward"),
+    "fetch-target": (_fetch_target, "download and convert a registered target model"),
 }
 
 
@@ -41,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
     if not argv or argv[0] in ("-h", "--help"):
         print("usage: dspark-hf COMMAND [options]\n\ncommands:")
         for name, (_, help_text) in COMMANDS.items():
-            print(f"  {name:<12} {help_text}")
+            print(f"  {name:<13} {help_text}")
         print("\n`dspark-hf COMMAND --help` for a command's options.")
         return 0
     name, rest = argv[0], argv[1:]
