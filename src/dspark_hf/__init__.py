@@ -1,7 +1,10 @@
 """dspark_hf: DSpark speculative decoding for HuggingFace Transformers.
 
 `import dspark_hf` registers the `dspark` model type with `AutoConfig` / `AutoModel` and lets
-`target.generate(**inputs, assistant_model=drafter)` use a `DSparkDrafter` (batch size 1).
+`target.generate(**inputs, assistant_model=drafter)` use a `DSparkDrafter` (batch size 1). Batches go through
+`dspark_hf.generate(target, drafter, ...)` (or `target.generate(..., custom_generate=dspark_hf.speculative_generate,
+drafter=drafter)`), with confidence-scheduled verification. Training lives in `dspark_hf.trainer`, calibration in
+`dspark_hf.calibration`, evaluation in `dspark_hf.evaluation`; real targets in `dspark_hf.targets`.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from .candidate_generator import DSparkCandidateGenerator, SpeculationStats, ins
 from .configuration_dspark import DSparkConfig
 from .drafting import DraftBlock, DSparkContextCache
 from .generation import DSparkGenerateOutput, RowStats, generate, speculative_generate
+from .calibration import expected_calibration_error, fit_sts
 from .scheduler import async_lengths, prefix_survival, schedule_prefix, threshold_lengths
 from .sps import SPSTable, profile_sps
 from .modeling_dspark import DSparkDrafter, DSparkOutput
@@ -35,6 +39,8 @@ __all__ = [
     "RowStats",
     "SPSTable",
     "async_lengths",
+    "expected_calibration_error",
+    "fit_sts",
     "generate",
     "prefix_survival",
     "profile_sps",

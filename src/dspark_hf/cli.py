@@ -54,25 +54,37 @@ def _prompts(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="dspark-hf prompts", description="build training prompts (no eval sets)")
     parser.add_argument("--out", required=True, help="JSONL file to write")
     parser.add_argument("--seed", type=int, default=1234)
-    parser.add_argument("--limit", type=int, help="keep this many prompts, sampled evenly across sources")
+    parser.add_argument("--limit", type=int, help="keep this many prompts: a third each from math, code and chat "
+                                                  "sources, evenly across the sources of each family")
     parser.add_argument("--skip-missing", action="store_true", help="skip sources that are not installed")
     args = parser.parse_args(argv)
     prompts = build_training_prompts(TrainingPromptRecipe(seed=args.seed, skip_missing=args.skip_missing))
     if args.limit and args.limit < len(prompts):
         import random
 
-        by_source: dict[str, list] = {}
-        for p in prompts:
-            by_source.setdefault(p["source"], []).append(p)
+        def family(source: str) -> str:
+            if source.startswith("reasoning_gym_code") or source in ("codeio", "python_docs"):
+                return "code"
+            return "math" if source.startswith("reasoning_gym") else "chat"
+
         rng = random.Random(args.seed)
-        for rows in by_source.values():
-            rng.shuffle(rows)
-        picked, i = [], 0
-        while len(picked) < args.limit:  # round robin over sources
+        picked = []
+        families = sorted({family(p["source"]) for p in prompts})
+        for f_index, fam in enumerate(families):
+            quota = args.limit // len(families) + (f_index < args.limit % len(families))
+            by_source: dict[str, list] = {}
+            for p in prompts:
+                if family(p["source"]) == fam:
+                    by_source.setdefault(p["source"], []).append(p)
             for rows in by_source.values():
-                if i < len(rows) and len(picked) < args.limit:
-                    picked.append(rows[i])
-            i += 1
+                rng.shuffle(rows)
+            taken, i = [], 0
+            while len(taken) < quota and any(i < len(r) for r in by_source.values()):  # round robin
+                for rows in by_source.values():
+                    if i < len(rows) and len(taken) < quota:
+                        taken.append(rows[i])
+                i += 1
+            picked += taken
         prompts = sorted(picked, key=lambda p: p["id"])
     write_jsonl(args.out, prompts)
     print(f"wrote {len(prompts)} prompts to {args.out}: {count_by_source(prompts)}")
