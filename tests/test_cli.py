@@ -28,3 +28,18 @@ def test_bench_head_writes_json_and_markdown(tmp_path):
     assert data["provenance"]["torch"] and len(data["rows"]) == 2
     assert all(r["parallel_ms"] > 0 and r["sequential_greedy_ms"] > 0 for r in data["rows"])
     assert "| tiny | markov | 4 |" in (tmp_path / "head_cost.md").read_text()
+
+
+def test_bench_runs_every_policy_side_by_side(tmp_path):
+    import json
+
+    cli_main(["bench", "--target", "toy-tiny", "--concurrency", "1", "3", "--max-new-tokens", "6", "--repeats", "1", "--block-size", "3",
+              "--out", str(tmp_path)])
+    data = json.loads((tmp_path / "bench.json").read_text())
+    rows = data["rows"]
+    assert {(r["concurrency"], r["policy"]) for r in rows} == {
+        (c, p) for c in (1, 3) for p in ("none", "fixed", "threshold", "scheduled", "async")}
+    assert all(r["identical_to_target"] in (True, None) for r in rows)  # greedy: lossless for every policy
+    assert all(r["aggregate_tokens_per_s"] > 0 for r in rows)
+    assert (tmp_path / "throughput.png").exists() and (tmp_path / "verify_length.png").exists()
+    assert (tmp_path / "sps.json").exists()

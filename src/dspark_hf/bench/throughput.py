@@ -91,12 +91,19 @@ class SimulatedDrafter(DSparkDrafter):
         return DraftBlock(tokens=tokens_t, logits=logits, confidences=conf_t, confidence_logits=torch.logit(conf_t))
 
 
-def _toy_target(seed: int = 0):
+TOY_SIZES = {  # name -> (vocab, hidden, intermediate, layers, heads, kv heads)
+    "toy": (4096, 512, 1408, 8, 8, 4),
+    "toy-tiny": (512, 64, 128, 2, 4, 2),  # for tests: seconds, not minutes
+}
+
+
+def _toy_target(seed: int = 0, size: str = "toy"):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = LlamaConfig(vocab_size=4096, hidden_size=512, intermediate_size=1408, num_hidden_layers=8,
-                      num_attention_heads=8, num_key_value_heads=4, bos_token_id=None, eos_token_id=None,
+    vocab, hidden, inter, layers, heads, kv = TOY_SIZES[size]
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=inter, num_hidden_layers=layers,
+                      num_attention_heads=heads, num_key_value_heads=kv, bos_token_id=None, eos_token_id=None,
                       pad_token_id=0)
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():
@@ -125,43 +132,65 @@ def _prompts(target, tokenizer, concurrency: int, seed: int, prompt_set: str | N
     return ids.to(target.device), mask.to(target.device)
 
 
+def _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, threshold, do_sample, seed):
+    """One timed run; returns (seconds, output or None for no speculation)."""
+    start = time.perf_counter()
+    if policy == "none":
+        with torch.no_grad():
+            out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
+                                  do_sample=do_sample, min_new_tokens=max_new_tokens)
+    else:
+        out = generate(target, drafter, ids, mask, max_new_tokens=max_new_tokens, policy=policy, sps=sps,
+                       threshold=threshold, do_sample=do_sample, eos_token_id=[], return_dict_in_generate=True,
+                       generator=torch.Generator().manual_seed(seed))
+    return time.perf_counter() - start, out
+
+
 def run_bench(target, drafter, concurrencies: list[int], policies: list[str], max_new_tokens: int, sps: Any,
               threshold: float, tokenizer=None, prompt_set: str | None = None, simulated: bool = False,
-              seed: int = 0, do_sample: bool = False) -> list[BenchRow]:
+              seed: int = 0, do_sample: bool = False, repeats: int = 3) -> list[BenchRow]:
+    """Every policy `repeats` times per concurrency, interleaved (policy order rotates each repeat), so that load
+    changes on a shared machine hit all policies alike; the median time is reported."""
     results = []
+    policies = ["none"] + [p for p in policies if p != "none"]
     for c in concurrencies:
         ids, mask = _prompts(target, tokenizer, c, seed, prompt_set)
         width = ids.shape[1]
-        start = time.perf_counter()
-        with torch.no_grad():
-            base = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                   do_sample=do_sample, min_new_tokens=max_new_tokens)
-        base_s = time.perf_counter() - start
-        base_tokens = c * max_new_tokens
-        results.append(BenchRow(c, "none", base_s, base_tokens, base_tokens / base_s, max_new_tokens / base_s,
-                                0.0, 1.0, None))
-        print(f"C={c:<4} none       {base_tokens / base_s:8.1f} tok/s", flush=True)
+        _, base = _run_policy(target, drafter, ids, mask, "none", max_new_tokens, sps, threshold, do_sample, seed)
         if simulated:
             g = torch.Generator().manual_seed(seed + c)
             rates = (0.55 + 0.4 * torch.rand(c, generator=g)).tolist()  # requests of different difficulty
             conts = [ids[r, mask[r].bool()].tolist() + base[r, width:].tolist() for r in range(c)]
-            drafter.configure(conts, rates, seed)
+        times: dict[str, list[float]] = {p: [] for p in policies}
+        outs: dict[str, Any] = {}
+        for rep in range(repeats):
+            order = policies[rep % len(policies):] + policies[: rep % len(policies)]
+            for policy in order:
+                if simulated:
+                    drafter.configure(conts, rates, seed)  # same simulated draws for every policy and repeat
+                seconds, out = _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, threshold,
+                                           do_sample, seed)
+                times[policy].append(seconds)
+                outs[policy] = out
         for policy in policies:
+            seconds = statistics.median(times[policy])
             if policy == "none":
-                continue
-            start = time.perf_counter()
-            out = generate(target, drafter, ids, mask, max_new_tokens=max_new_tokens, policy=policy, sps=sps,
-                           threshold=threshold, do_sample=do_sample, eos_token_id=[], return_dict_in_generate=True,
-                           generator=torch.Generator().manual_seed(seed))
-            seconds = time.perf_counter() - start
-            tokens = int(out.num_generated.sum())
-            per_req = statistics.mean(int(n) / max(s.seconds, 1e-9) for n, s in zip(out.num_generated, out.stats))
-            verify = statistics.mean(l for s in out.stats for l in s.verify_lengths)
-            tau = statistics.mean(a for s in out.stats for a in s.accepted_lengths)
-            identical = None if do_sample else bool(torch.equal(out.sequences[:, width:], base[:, width:]))
-            results.append(BenchRow(c, policy, seconds, tokens, tokens / seconds, per_req, verify, tau, identical))
-            print(f"C={c:<4} {policy:<10} {tokens / seconds:8.1f} tok/s  verify {verify:5.2f}  tau {tau:5.2f}  "
-                  f"identical={identical}", flush=True)
+                tokens = c * max_new_tokens
+                row = BenchRow(c, "none", seconds, tokens, tokens / seconds, max_new_tokens / seconds, 0.0, 1.0, None)
+            else:
+                out = outs[policy]
+                tokens = int(out.num_generated.sum())
+                scale = seconds / max(s.seconds for s in out.stats)  # per-row finish times of the last run, rescaled
+                per_req = statistics.mean(int(n) / max(s.seconds * scale, 1e-9)
+                                          for n, s in zip(out.num_generated, out.stats))
+                verify = statistics.mean(l for s in out.stats for l in s.verify_lengths)
+                tau = statistics.mean(a for s in out.stats for a in s.accepted_lengths)
+                identical = None if do_sample else bool(torch.equal(out.sequences[:, width:], base[:, width:]))
+                row = BenchRow(c, policy, seconds, tokens, tokens / seconds, per_req, verify, tau, identical)
+            results.append(row)
+            print(f"C={c:<4} {policy:<10} {row.aggregate_tokens_per_s:8.1f} tok/s  verify "
+                  f"{row.mean_verify_length:5.2f}  tau {row.tau:5.2f}  identical={row.identical_to_target}  "
+                  f"(median of {repeats}: {', '.join(f'{t:.2f}s' for t in times[policy])})", flush=True)
     return results
 
 
@@ -209,7 +238,8 @@ def plot(rows: list[BenchRow], out: Path, label: str) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> list[BenchRow]:
     parser = argparse.ArgumentParser(prog="dspark-hf bench", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", default="toy", help="'toy' (random 8-layer Llama), a registry name or a path")
+    parser.add_argument("--target", default="toy",
+                        help="'toy' (random 8-layer Llama), 'toy-tiny', a registry name or a path")
     parser.add_argument("--drafter", default="simulated", help="'simulated', 'untrained' or a drafter folder")
     parser.add_argument("--concurrency", nargs="+", type=int, default=[1, 4, 16, 64])
     parser.add_argument("--policies", nargs="+", default=list(POLICY_NAMES), choices=POLICY_NAMES)
@@ -220,14 +250,15 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     parser.add_argument("--prompt-set", default="mt_bench", help="prompt set for real targets")
     parser.add_argument("--do-sample", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per policy; the median is reported")
     parser.add_argument("--out", default="outputs/bench")
     args = parser.parse_args(argv)
     torch.manual_seed(args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     tokenizer = None
-    if args.target == "toy":
-        target = _toy_target(args.seed)
+    if args.target in TOY_SIZES:
+        target = _toy_target(args.seed, args.target)
     else:
         from ..targets import load_target
 
@@ -248,9 +279,10 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
         sps = profile_sps(target, max_tokens=max_b, context_lengths=(128,), repeats=2)
         sps.save(sps_path)
     label = f"target={args.target}, drafter={args.drafter}, block={drafter.config.block_size}, " \
-            f"max_new_tokens={args.max_new_tokens}, {'sampling' if args.do_sample else 'greedy'}"
+            f"max_new_tokens={args.max_new_tokens}, {'sampling' if args.do_sample else 'greedy'}, " \
+            f"median of {args.repeats} interleaved runs"
     rows = run_bench(target, drafter, args.concurrency, args.policies, args.max_new_tokens, sps, args.threshold,
-                     tokenizer, args.prompt_set, simulated, args.seed, args.do_sample)
+                     tokenizer, args.prompt_set, simulated, args.seed, args.do_sample, args.repeats)
     prov = provenance(target.device, args=vars(args))
     atomic_write_json(out / "bench.json", {"provenance": prov, "label": label, "rows": [asdict(r) for r in rows]})
     atomic_write_text(out / "bench.md", to_markdown(rows, prov, label))
