@@ -1,4 +1,4 @@
-"""Quality guard for evaluation: HumanEval pass@1 in sandboxed subprocesses, and math final-answer matching.
+"""Quality guard for evaluation: HumanEval pass@1 in isolated subprocesses, and math final-answer matching.
 
 Speculative decoding must not change what the target says; these scorers check that on real outputs (a lossless
 decoder scores exactly like plain decoding) and catch broken pipelines (a drafter bug that corrupts text shows up as a
@@ -29,11 +29,14 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from fractions import Fraction
-from typing import Any, Mapping, Sequence
+from typing import Any
 
+# Printed after `check` returns: a program that exits early with status 0 (`sys.exit(0)` in a completion) is no pass.
+PASS_MARKER = "__dspark_hf_check_passed__"
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)
 
 
@@ -55,7 +58,13 @@ def _problem_fields(problem: Any) -> tuple[str, str, str, str]:
 
 
 def extract_code(completion: str, entry_point: str | None = None) -> str:
-    """The code in a completion: the first fenced block defining `entry_point`, else the first block, else all text."""
+    """The code in a completion: the first fenced block defining `entry_point`, else the first block, else all text.
+
+    A completion that starts indented continues the prompt's function body (base-model style); it is cut at its first
+    fence, where such a model starts talking about its code.
+    """
+    if completion.lstrip("\n")[:1] in (" ", "\t"):
+        return completion.split("```", 1)[0]
     blocks = _FENCE.findall(completion)
     if not blocks:
         return completion
@@ -74,7 +83,7 @@ def build_program(prompt: str, completion: str, test: str, entry_point: str) -> 
         body = prompt.rstrip() + "\n\n\n" + code
     else:
         body = prompt + code  # a continuation of the prompt's function body (the original HumanEval setting)
-    return f"{body}\n\n\n{test}\n\n\ncheck({entry_point})\n"
+    return f"{body}\n\n\n{test}\n\n\ncheck({entry_point})\nprint({PASS_MARKER!r})\n"
 
 
 def _memory_limit_preamble(max_memory_bytes: int | None) -> str:
@@ -88,18 +97,19 @@ def _memory_limit_preamble(max_memory_bytes: int | None) -> str:
 def run_program(program: str, timeout: float = 10.0, max_memory_bytes: int | None = 4 << 30) -> tuple[str, str]:
     """Runs `program` in a fresh `python -I` subprocess and temp dir; returns (status, stderr tail).
 
-    status is "passed" (exit code 0), "failed" (non-zero exit) or "timeout" (the whole process group is killed).
+    status is "passed" (exit code 0 and `PASS_MARKER` printed: the program ran to its end), "failed" or "timeout"
+    (then the whole process group is killed).
     """
     with tempfile.TemporaryDirectory(prefix="dspark_quality_") as workdir:
         path = os.path.join(workdir, "program.py")
         with open(path, "w", encoding="utf-8") as handle:
             handle.write(_memory_limit_preamble(max_memory_bytes) + program)
         process = subprocess.Popen(
-            [sys.executable, "-I", path], cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+            [sys.executable, "-I", path], cwd=workdir, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.PIPE, start_new_session=True,
         )
         try:
-            _, stderr = process.communicate(timeout=timeout)
+            stdout, stderr = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             _kill_group(process)
             process.communicate()
@@ -107,7 +117,10 @@ def run_program(program: str, timeout: float = 10.0, max_memory_bytes: int | Non
         finally:
             _kill_group(process)  # children the program may have left behind
     error = stderr.decode("utf-8", errors="replace").strip()[-2000:]
-    return ("passed" if process.returncode == 0 else "failed"), error
+    passed = process.returncode == 0 and PASS_MARKER.encode() in stdout
+    if process.returncode == 0 and not passed:
+        error = (error + "\nexited before the tests finished").strip()
+    return ("passed" if passed else "failed"), error
 
 
 def _kill_group(process: subprocess.Popen) -> None:
@@ -138,7 +151,8 @@ def humaneval_pass_at_1(
         max_memory_bytes: address-space limit per program (None: no limit).
 
     Returns:
-        `{"pass_at_1": float, "num_tasks": int, "num_passed": int, "results": {task_id: {"passed", "status", "error"}}}`.
+        `{"pass_at_1": float, "num_tasks": int, "num_passed": int,
+        "results": {task_id: {"passed": bool, "status": str, "error": str}}}`.
     """
     fields = [_problem_fields(problem) for problem in problems]
     if isinstance(completions, Mapping):

