@@ -76,4 +76,5 @@ def test_calibrate_end_to_end_stores_temperatures(tmp_path):
     report = calibrate(drafter, data, tmp_path)
     assert drafter.config.sts_temperatures == report["temperatures"]
     assert (tmp_path / "calibration.json").exists() and (tmp_path / "reliability.png").stat().st_size > 1000
+    assert "| position | rounds |" in (tmp_path / "calibration.md").read_text()
     assert report["pooled_after"]["ece"] <= report["pooled_before"]["ece"] + 1e-9

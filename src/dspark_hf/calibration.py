@@ -253,6 +253,24 @@ def collect_rounds(target, drafter, prompt_ids: Sequence[Sequence[int]], max_new
     return RoundData(torch.cat(conf), torch.cat(acc), torch.cat(ver))
 
 
+def calibration_markdown(report: dict) -> str:
+    """The report as Markdown: pooled metrics and one row per position."""
+    b, a = report["pooled_before"], report["pooled_after"]
+    lines = ["# STS calibration", "",
+             f"{report['rounds']} verification rounds (full-block). Temperatures: "
+             + ", ".join(f"{t:.3f}" for t in report["temperatures"]), "",
+             "| | ECE | AUROC | Brier |", "|---|---|---|---|",
+             f"| before STS (pooled a_k) | {b['ece']:.4f} | {b['auroc']:.3f} | {b['brier']:.4f} |",
+             f"| after STS (pooled a_k) | {a['ece']:.4f} | {a['auroc']:.3f} | {a['brier']:.4f} |", "",
+             "| position | rounds | ECE before | ECE after | AUROC before | AUROC after | Brier before | Brier after |",
+             "|---|---|---|---|---|---|---|---|"]
+    for p in report["positions"]:
+        lines.append(f"| {p['position']} | {p['rounds']} | {p['ece_before']:.4f} | {p['ece_after']:.4f} | "
+                     f"{p['auroc_before']:.3f} | {p['auroc_after']:.3f} | {p['brier_before']:.4f} | "
+                     f"{p['brier_after']:.4f} |")
+    return "\n".join(lines) + "\n"
+
+
 def calibrate(drafter, data: RoundData, out_dir: str | Path | None = None, n_bins: int = 20) -> dict:
     """Fits STS on `data`, stores the temperatures in `drafter.config` and returns (and writes) the report."""
     temps = fit_sts(data.confidences, data.accepted, data.verified, n_bins=n_bins)
@@ -266,9 +284,10 @@ def calibrate(drafter, data: RoundData, out_dir: str | Path | None = None, n_bin
                                                             n_bins)],
     }
     if out_dir is not None:
-        from .provenance import atomic_write_json
+        from .provenance import atomic_write_json, atomic_write_text
 
         out_dir = Path(out_dir)
         atomic_write_json(out_dir / "calibration.json", report)
+        atomic_write_text(out_dir / "calibration.md", calibration_markdown(report))
         reliability_diagram(data.confidences, data.accepted, temps, out_dir / "reliability.png", data.verified)
     return report

@@ -9,6 +9,7 @@
     dspark-hf bench       throughput vs concurrency per verification policy (dspark_hf.bench.throughput)
     dspark-hf bench-head  cost of the sequential head vs the parallel forward (dspark_hf.bench.head_cost)
     dspark-hf fetch-target  download and convert a registered target model (dspark_hf.targets)
+    dspark-hf results     assemble RESULTS.md from the measurement tables under results/ (dspark_hf.bench.collect)
 """
 
 from __future__ import annotations
@@ -28,6 +29,12 @@ def _demo(argv: list[str]) -> None:
 
 def _bench(argv: list[str]) -> None:
     from .bench.throughput import main
+
+    main(argv)
+
+
+def _results(argv: list[str]) -> None:
+    from .bench.collect import main
 
     main(argv)
 
@@ -57,8 +64,15 @@ def _prompts(argv: list[str]) -> None:
     parser.add_argument("--limit", type=int, help="keep this many prompts: a third each from math, code and chat "
                                                   "sources, evenly across the sources of each family")
     parser.add_argument("--skip-missing", action="store_true", help="skip sources that are not installed")
+    parser.add_argument("--exclude", action="append", default=[],
+                        help="JSONL of prompts to leave out (e.g. the training set, when building held-out prompts)")
     args = parser.parse_args(argv)
     prompts = build_training_prompts(TrainingPromptRecipe(seed=args.seed, skip_missing=args.skip_missing))
+    if args.exclude:
+        from .training_prompts import read_prompts_jsonl
+
+        seen = {m["content"] for path in args.exclude for p in read_prompts_jsonl(path)[0] for m in p["messages"]}
+        prompts = [p for p in prompts if not any(m["content"] in seen for m in p["messages"])]
     if args.limit and args.limit < len(prompts):
         import random
 
@@ -142,6 +156,7 @@ def _calibrate(argv: list[str]) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--out", help="write the calibrated drafter here (default: in place)")
+    parser.add_argument("--report-dir", help="calibration report folder (default: <drafter>/calibration)")
     args = parser.parse_args(argv)
     target, tokenizer = load_target(args.target)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).eval()
@@ -151,7 +166,7 @@ def _calibrate(argv: list[str]) -> None:
     data = collect_rounds(target, drafter, ids, args.max_new_tokens, args.batch_size,
                           pad_id=tokenizer.pad_token_id or 0)
     out = Path(args.out or args.drafter)
-    report = calibrate(drafter, data, out / "calibration")
+    report = calibrate(drafter, data, args.report_dir or out / "calibration")
     tmp = out.parent / f".{out.name}.calibrating"
     shutil.rmtree(tmp, ignore_errors=True)
     drafter.save_pretrained(tmp)
@@ -199,6 +214,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
     "bench": (_bench, "throughput vs concurrency for every verification policy"),
     "bench-head": (_bench_head, "time the sequential head against the parallel forward"),
     "fetch-target": (_fetch_target, "download and convert a registered target model"),
+    "results": (_results, "assemble RESULTS.md from the tables under results/"),
 }
 
 

@@ -1,0 +1,64 @@
+"""`dspark-hf results`: gathers the Markdown tables that the committed scripts wrote under `results/` into RESULTS.md.
+
+Each section names the command that regenerates it. Nothing here measures anything; it only assembles, so every
+number in RESULTS.md comes from a run of one of those commands (JSON with provenance sits next to each table).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from ..provenance import atomic_write_text
+
+SECTIONS = [
+    ("head_cost/head_cost.md", "Sequential head vs parallel forward (issue: foundation)",
+     "dspark-hf bench-head --repeats 30 --candidates 0 64 256 --out results/head_cost"),
+    ("bench_toy/bench.md", "Throughput vs concurrency, random 8-layer toy target, simulated calibrated drafter",
+     "dspark-hf bench --target toy --drafter simulated --concurrency 1 4 16 64 --max-new-tokens 32 --repeats 3 "
+     "--out results/bench_toy"),
+    ("bench_smollm2_sim/bench.md", "Throughput vs concurrency, SmolLM2-135M-Instruct, simulated calibrated drafter",
+     "dspark-hf bench --target smollm2-135m-instruct --drafter simulated --concurrency 1 4 16 64 "
+     "--max-new-tokens 32 --repeats 2 --out results/bench_smollm2_sim"),
+    ("eval_smollm2_dspark/eval.md", "SmolLM2-135M-Instruct, DSpark (Markov) drafter",
+     "dspark-hf eval --drafter outputs/smollm2-135m-dspark/final --target smollm2-135m-instruct "
+     "--out results/eval_smollm2_dspark"),
+    ("eval_smollm2_dflash/eval.md", "SmolLM2-135M-Instruct, DFlash baseline drafter (same budget)",
+     "dspark-hf eval --drafter outputs/smollm2-135m-dflash/final --target smollm2-135m-instruct "
+     "--out results/eval_smollm2_dflash"),
+    ("calibration_smollm2_dspark/calibration.md", "STS calibration of the DSpark drafter",
+     "dspark-hf calibrate --drafter outputs/smollm2-135m-dspark/final --target smollm2-135m-instruct "
+     "--prompts data/heldout_prompts.jsonl"),
+]
+
+
+def collect(results_dir: str | Path = "results", out: str | Path = "RESULTS.md") -> Path:
+    results_dir = Path(results_dir)
+    parts = ["# Results", "",
+             "Assembled by `dspark-hf results` from the tables the commands below wrote under `results/` (each with a "
+             "JSON file of provenance: commit, versions, device). Machine: a shared 2-core x86_64 CPU VM with no GPU; "
+             "timings are noisy there, so every speed figure is a ratio measured side by side in one run.", ""]
+    for rel, title, command in SECTIONS:
+        path = results_dir / rel
+        parts += [f"## {title}", "", f"`{command}`", ""]
+        if path.exists():
+            body = path.read_text().splitlines()
+            parts += [line for line in body if not line.startswith("# ")] + [""]
+            for png in sorted(path.parent.glob("*.png")):
+                parts += [f"![{png.stem}]({png.relative_to(Path(out).parent) if Path(out).parent != Path('.') else png})",
+                          ""]
+        else:
+            parts += ["Not measured yet.", ""]
+    out = Path(out)
+    atomic_write_text(out, "\n".join(parts))
+    return out
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(prog="dspark-hf results", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--results-dir", default="results")
+    parser.add_argument("--out", default="RESULTS.md")
+    args = parser.parse_args(argv)
+    path = collect(args.results_dir, args.out)
+    print(f"wrote {path}")
+    return path
