@@ -164,3 +164,18 @@ def test_bad_sps_is_refused():
         schedule_prefix(torch.tensor([[0.5]]), 3.0)
     with pytest.raises(ValueError, match="threshold"):
         threshold_lengths(torch.tensor([[0.5]]), 1.5)
+
+
+def test_round_overhead_lengthens_verification():
+    """A fixed per-round cost (drafting) makes extra verified tokens relatively cheaper: never shorter lengths."""
+    from dspark_hf.scheduler import WithRoundOverhead
+
+    g = torch.Generator().manual_seed(0)
+    conf = torch.rand(16, 7, generator=g) ** 0.3
+    steep = lambda b: 1.0 / (0.01 * b)  # noqa: E731  (seconds per step proportional to tokens)
+    bare = schedule_prefix(conf, steep)
+    loaded = schedule_prefix(conf, WithRoundOverhead(steep, overhead_s=2.0))
+    assert (loaded >= bare).all() and loaded.sum() > bare.sum()
+    assert WithRoundOverhead(steep, 0.0).steps_per_second(torch.tensor([4])).item() == pytest.approx(25.0)
+    with pytest.raises(ValueError, match="overhead_s"):
+        WithRoundOverhead(steep, -1.0)

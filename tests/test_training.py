@@ -211,3 +211,19 @@ def test_heldout_split_is_stable():
     a = split_examples(examples, 0.2)
     b = split_examples(list(reversed(examples)), 0.2)
     assert {e.id for e in a[1]} == {e.id for e in b[1]} and 0 < len(a[1]) < 50
+
+
+def test_bf16_mixed_precision_trains(tmp_path):
+    from accelerate.state import AcceleratorState
+
+    target = make_target("llama")
+    config = tiny_config(tmp_path, mixed_precision="bf16", max_steps=4, log_every=1)
+    AcceleratorState._reset_state(True)  # accelerate keeps one state per process; the other tests use fp32
+    try:
+        trainer = DSparkTrainer(config, target, learnable_examples(target, count=20), progress=False)
+        trainer.train()
+    finally:
+        AcceleratorState._reset_state(True)
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert len(log) == 4 and all(math.isfinite(r["loss"]) for r in log)
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()

@@ -33,7 +33,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.utils import ModelOutput
 
 from .modeling_dspark import DSparkDrafter
-from .scheduler import POLICIES, async_lengths, fixed_lengths, schedule_prefix, threshold_lengths
+from .scheduler import POLICIES, WithRoundOverhead, async_lengths, fixed_lengths, schedule_prefix, threshold_lengths
 from .sps import SPSTable, profile_sps, target_fingerprint
 from .verification import SamplingParams, verify
 
@@ -194,6 +194,7 @@ def generate(
     generator: torch.Generator | None = None,
     hole_budget: int | None = None,
     record_rounds: bool = False,
+    count_round_overhead: bool = True,
     **unused: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """Speculative decoding of a left-padded batch with a DSpark drafter. Lossless: greedy output equals each row's
@@ -216,6 +217,9 @@ def generate(
         hole_budget: compact the KV caches once the widest row carries more than this many masked columns
             (default 2 * (block_size + 1)).
         record_rounds: keep a `RoundRecord` per round in the output (for calibration and evaluation).
+        count_round_overhead: for "scheduled" / "async", add the measured per-round cost outside the target's forward
+            (drafting, bookkeeping; a running mean over past rounds) to the cost curve (see
+            `scheduler.WithRoundOverhead`). False prices the target forward alone, as the paper's Algorithm 1 does.
     """
     started = time.perf_counter()
     attention_mask = _check_inputs(target, input_ids, attention_mask, max_new_tokens, policy, drafter)
@@ -264,6 +268,7 @@ def generate(
     history_rows: list[torch.Tensor] = []
     peak_columns = kv_valid.shape[1]
     rounds: list[RoundRecord] = []
+    overhead_total, overhead_rounds = 0.0, 0
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
@@ -310,6 +315,7 @@ def generate(
             kv_valid = _compact_target_cache(cache, kv_valid)
             dcache.compact()
         rows = len(active)
+        round_start = time.perf_counter()
         block = drafter.draft(dcache, anchors.to(drafter.device), anchor_positions=next_pos.to(drafter.device),
                               sampling=sampling, generator=generator)
         confidences = block.confidences
@@ -319,7 +325,10 @@ def generate(
             old, old_rows = history[-2], history_rows[-2]
             where = {int(r): i for i, r in enumerate(old_rows.tolist())}
             stale = old[[where[int(r)] for r in active.tolist()]]
-        lengths = _choose_lengths(policy, confidences, block_size, rows, sps, threshold, stale)
+        cost = sps
+        if count_round_overhead and overhead_rounds and policy in ("scheduled", "async"):
+            cost = WithRoundOverhead(sps, overhead_total / overhead_rounds)
+        lengths = _choose_lengths(policy, confidences, block_size, rows, sps=cost, threshold=threshold, stale=stale)
         if confidences is not None:
             history = (history + [confidences.float().cpu()])[-2:]
             history_rows = (history_rows + [active.clone().cpu()])[-2:]
@@ -332,8 +341,10 @@ def generate(
         step_valid = slots[None, :] < (1 + lengths)[:, None]
         tokens = torch.where(step_valid, tokens, anchors[:, None])
         pos = next_pos[:, None] + slots[None, :]
+        verify_start = time.perf_counter()
         out = target(input_ids=tokens, attention_mask=torch.cat([kv_valid, step_valid], dim=1).long(),
                      position_ids=pos, cache=cache, use_cache=True, output_hidden_states=layer_ids)
+        verify_end = time.perf_counter()
         result = verify(drafts, block.logits[:, : width - 1].to(device), out.logits.float(), sampling,
                         num_drafts=lengths, generator=generator, pad_token_id=pad_token_id)
         kept = slots[None, :] < (1 + result.num_accepted)[:, None]  # anchor + accepted drafts are now context
@@ -356,6 +367,9 @@ def generate(
             s.accepted_lengths.append(int(result.num_new[i]))
             s.verify_lengths.append(int(lengths[i]))
         finished = emit(result.tokens, result.num_new)
+        # everything in this round but the target's forward: the per-round overhead the cost curve does not see
+        overhead_total += (time.perf_counter() - round_start) - (verify_end - verify_start)
+        overhead_rounds += 1
 
     if streamer is not None:
         streamer.end()

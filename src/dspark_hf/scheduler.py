@@ -98,6 +98,24 @@ def _lengths_from_admitted(rows: torch.Tensor, admitted: int, num_requests: int)
     return torch.bincount(rows[:admitted], minlength=num_requests).long()
 
 
+class WithRoundOverhead:
+    """SPS(B) of a whole decoding round: 1 / (1 / SPS_target(B) + overhead_s).
+
+    Algorithm 1 prices only the target's verification forward. When a round also pays a fixed cost that does not
+    grow with B (the drafter's forward and sequential loop, bookkeeping) — large on a CPU or with a small target —
+    shortening verification saves less than the bare curve promises, because more rounds are needed. The overhead is
+    measured on past rounds, so it never depends on the current drafts (the admission rule stays non-anticipating).
+    """
+
+    def __init__(self, sps: SPSLike, overhead_s: float) -> None:
+        if not overhead_s >= 0:
+            raise ValueError(f"overhead_s must be >= 0, got {overhead_s}")
+        self.sps, self.overhead_s = sps, float(overhead_s)
+
+    def steps_per_second(self, batch_tokens: torch.Tensor) -> torch.Tensor:
+        return 1.0 / (1.0 / sps_values(self.sps, batch_tokens) + self.overhead_s)
+
+
 def fixed_lengths(confidences_or_shape: torch.Tensor | tuple[int, int]) -> torch.Tensor:
     """Every request verifies its whole block."""
     r, k = confidences_or_shape.shape if isinstance(confidences_or_shape, torch.Tensor) else confidences_or_shape
