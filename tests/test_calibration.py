@@ -61,6 +61,11 @@ def test_partially_verified_rounds_and_bad_input():
     accepted = torch.minimum(accepted, verified)
     temps = fit_sts(raw, accepted, verified)
     assert len(temps) == 5
+    # a position with too few surviving prefixes inherits the previous temperature instead of a degenerate fit
+    few = torch.zeros(2000, dtype=torch.long)
+    few[:30] = 1  # only 30 rounds accepted draft 1, none accepted draft 2
+    sparse = fit_sts(raw, few, min_positives=20)
+    assert sparse[1:] == [sparse[0]] * 4
     with pytest.raises(ValueError, match="exceeds"):
         fit_sts(raw, torch.full((2000,), 5), verified)
     with pytest.raises(ValueError, match="NaN"):

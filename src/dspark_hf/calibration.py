@@ -84,6 +84,7 @@ def fit_sts(
     verified: torch.Tensor | None = None,
     n_bins: int = 20,
     grid: torch.Tensor | None = None,
+    min_positives: int = 20,
 ) -> list[float]:
     """One temperature per position, fitted left to right (see module docstring).
 
@@ -91,6 +92,8 @@ def fit_sts(
         confidences: `[N, K]` raw per-position confidences c_k in (0, 1) (no STS applied).
         accepted: `[N]` drafts accepted in each round.
         verified: `[N]` drafts verified in each round (default K); position k is fitted on rounds with verified >= k.
+        min_positives: a position whose prefix survived in fewer rounds than this is not fitted (too few positives
+            make the ECE minimiser run to the ends of the grid); it inherits the previous position's temperature.
     """
     if confidences.dim() != 2:
         raise ValueError(f"confidences must be [N, K], got {tuple(confidences.shape)}")
@@ -109,8 +112,9 @@ def fit_sts(
     prefix = torch.ones(n, dtype=torch.float64)
     for j in range(k):
         rows = verified > j
-        if rows.sum() == 0:
-            temps.append(1.0)
+        if rows.sum() == 0 or labels[rows, j].sum() < min_positives or (1 - labels[rows, j]).sum() < min_positives:
+            temps.append(temps[-1] if temps else 1.0)
+            prefix = prefix * torch.sigmoid(z[:, j] / temps[-1])
             continue
         cand = prefix[rows, None] * torch.sigmoid(z[rows, j][:, None] / grid[None, :])  # [n_j, G]
         errors = torch.tensor([expected_calibration_error(cand[:, g], labels[rows, j], n_bins)
