@@ -43,3 +43,11 @@ def test_bench_runs_every_policy_side_by_side(tmp_path):
     assert all(r["aggregate_tokens_per_s"] > 0 for r in rows)
     assert (tmp_path / "throughput.png").exists() and (tmp_path / "verify_length.png").exists()
     assert (tmp_path / "sps.json").exists()
+
+
+def test_results_collects_tables_and_says_what_is_missing(tmp_path):
+    (tmp_path / "results" / "bench_toy").mkdir(parents=True)
+    (tmp_path / "results" / "bench_toy" / "bench.md").write_text("# title\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
+    cli_main(["results", "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "RESULTS.md")])
+    text = (tmp_path / "RESULTS.md").read_text()
+    assert "| 1 | 2 |" in text and "Not measured yet." in text and "dspark-hf bench --target toy" in text

@@ -18,17 +18,20 @@ SECTIONS = [
      "dspark-hf bench --target toy --drafter simulated --concurrency 1 4 16 64 --max-new-tokens 32 --repeats 3 "
      "--out results/bench_toy"),
     ("bench_smollm2_sim/bench.md", "Throughput vs concurrency, SmolLM2-135M-Instruct, simulated calibrated drafter",
-     "dspark-hf bench --target smollm2-135m-instruct --drafter simulated --concurrency 1 4 16 64 "
+     "dspark-hf bench --target smollm2-135m-instruct --drafter simulated --concurrency 1 4 16 "
      "--max-new-tokens 32 --repeats 2 --out results/bench_smollm2_sim"),
-    ("eval_smollm2_dspark/eval.md", "SmolLM2-135M-Instruct, DSpark (Markov) drafter",
-     "dspark-hf eval --drafter outputs/smollm2-135m-dspark/final --target smollm2-135m-instruct "
-     "--out results/eval_smollm2_dspark"),
+    ("eval_smollm2_dspark/eval.md", "SmolLM2-135M-Instruct, DSpark (Markov) drafter after only 300 CPU steps",
+     "dspark-hf train --config examples/configs/smollm2-135m-dspark.yaml max_steps=300 warmup_steps=30 "
+     "learning_rate=0.001 save_every=50 feature_cache=null && dspark-hf eval --drafter "
+     "outputs/smollm2-135m-dspark/final --target smollm2-135m-instruct --datasets humaneval,mt_bench,gsm_symbolic "
+     "--limit 8 --max-new-tokens 64 --batch-size 8 --speed-prompts 2 --out results/eval_smollm2_dspark"),
     ("eval_smollm2_dflash/eval.md", "SmolLM2-135M-Instruct, DFlash baseline drafter (same budget)",
      "dspark-hf eval --drafter outputs/smollm2-135m-dflash/final --target smollm2-135m-instruct "
      "--out results/eval_smollm2_dflash"),
     ("calibration_smollm2_dspark/calibration.md", "STS calibration of the DSpark drafter",
      "dspark-hf calibrate --drafter outputs/smollm2-135m-dspark/final --target smollm2-135m-instruct "
-     "--prompts data/heldout_prompts.jsonl"),
+     "--prompts data/heldout_prompts.jsonl --limit 48 --max-new-tokens 64 --batch-size 16 "
+     "--report-dir results/calibration_smollm2_dspark"),
 ]
 
 
@@ -45,8 +48,7 @@ def collect(results_dir: str | Path = "results", out: str | Path = "RESULTS.md")
             body = path.read_text().splitlines()
             parts += [line for line in body if not line.startswith("# ")] + [""]
             for png in sorted(path.parent.glob("*.png")):
-                parts += [f"![{png.stem}]({png.relative_to(Path(out).parent) if Path(out).parent != Path('.') else png})",
-                          ""]
+                parts += [f"![{png.stem}]({results_dir.name}/{png.relative_to(results_dir).as_posix()})", ""]
         else:
             parts += ["Not measured yet.", ""]
     out = Path(out)
