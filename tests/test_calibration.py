@@ -82,4 +82,7 @@ def test_calibrate_end_to_end_stores_temperatures(tmp_path):
     assert drafter.config.sts_temperatures == report["temperatures"]
     assert (tmp_path / "calibration.json").exists() and (tmp_path / "reliability.png").stat().st_size > 1000
     assert "| position | rounds |" in (tmp_path / "calibration.md").read_text()
-    assert report["pooled_after"]["ece"] <= report["pooled_before"]["ece"] + 1e-9
+    # guaranteed: position 1 is fitted on its own (T = 1 is on the grid), so its ECE cannot get worse; later
+    # positions are fitted given the calibrated prefix, so their (and the pooled) ECE may move either way
+    first = report["positions"][0]
+    assert first["ece_after"] <= first["ece_before"] + 1e-12
