@@ -16,6 +16,14 @@ from dataclasses import dataclass, field
 import torch
 
 
+def valid_first_order(valid: torch.Tensor) -> torch.Tensor:
+    """For a `[B, T]` validity mask: per row, the column order that puts valid columns first (in their order),
+    cut to the widest row's number of valid columns. Gathering keys, values, masks and positions with it compacts a
+    cache that has holes, exactly (attention over context rows is permutation-invariant given their positions)."""
+    order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)
+    return order[:, : int(valid.sum(dim=1).max())]
+
+
 @dataclass
 class DraftBlock:
     """One round of drafts for a batch.
@@ -124,9 +132,7 @@ class DSparkContextCache:
         """
         if self.valid is None:
             return
-        order = torch.argsort((~self.valid).to(torch.int8), dim=1, stable=True)  # valid columns first, in order
-        width = int(self.valid.sum(dim=1).max())
-        order = order[:, :width]
+        order = valid_first_order(self.valid)
         gather = order[:, None, :, None]
         self.keys = [k.gather(2, gather.expand(-1, k.shape[1], -1, k.shape[3])) for k in self.keys]
         self.values = [v.gather(2, gather.expand(-1, v.shape[1], -1, v.shape[3])) for v in self.values]

@@ -32,6 +32,7 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.utils import ModelOutput
 
+from .drafting import valid_first_order
 from .modeling_dspark import DSparkDrafter
 from .scheduler import POLICIES, WithRoundOverhead, async_lengths, fixed_lengths, schedule_prefix, threshold_lengths
 from .sps import SPSTable, profile_sps, target_fingerprint
@@ -149,9 +150,7 @@ def _check_inputs(target: PreTrainedModel, input_ids: torch.Tensor, attention_ma
 
 def _compact_target_cache(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
     """Moves every row's valid columns to the front of each layer and drops all-empty columns. Returns the new mask."""
-    order = torch.argsort((~valid).to(torch.int8), dim=1, stable=True)
-    width = int(valid.sum(dim=1).max())
-    order = order[:, :width]
+    order = valid_first_order(valid)
     for layer in cache.layers:
         index = order[:, None, :, None].to(layer.keys.device)
         layer.keys = layer.keys.gather(2, index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]))
@@ -329,7 +328,7 @@ def generate(
         if count_round_overhead and overhead_rounds and policy in ("scheduled", "async"):
             cost = WithRoundOverhead(sps, overhead_total / overhead_rounds)
         lengths = _choose_lengths(policy, confidences, block_size, rows, sps=cost, threshold=threshold, stale=stale)
-        if confidences is not None:
+        if policy == "async" and confidences is not None:  # only async reads past confidences
             history = (history + [confidences.float().cpu()])[-2:]
             history_rows = (history_rows + [active.clone().cpu()])[-2:]
         budget = (max_new_tokens - 1 - num_generated[active]).clamp(min=0).cpu()
