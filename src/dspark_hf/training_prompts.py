@@ -248,11 +248,17 @@ def _doc_items(path: Path, part: str) -> Iterator[tuple[str, str, str]]:
         yield "api", qualname, _strip_rst(" ".join(body))
 
 
-def _python_docs_candidates(root: str, seed: int) -> Iterator[tuple[str, str]]:
+def _debian_source_dir(root: str, source: str, package: str) -> Path:
+    """The folder of a source that a Debian package provides, or a clear error naming the package."""
     base = Path(root)
     if not base.is_dir():
-        raise FileNotFoundError(f"{root} not found: the python_docs source needs Debian's python3.11-doc "
-                                "(`apt-get install python3.11-doc`), or set recipe.python_docs = 0")
+        raise FileNotFoundError(f"{root} not found: the {source} source needs Debian's {package} "
+                                f"(`apt-get install {package}`), or set recipe.{source} = 0")
+    return base
+
+
+def _python_docs_candidates(root: str, seed: int) -> Iterator[tuple[str, str]]:
+    base = _debian_source_dir(root, "python_docs", "python3.11-doc")
     rng, pool = random.Random(seed), []
     for part in PYTHON_DOCS_PARTS:
         for path in sorted((base / part).rglob("*.rst.txt")):
@@ -277,10 +283,7 @@ def _python_docs_candidates(root: str, seed: int) -> Iterator[tuple[str, str]]:
 
 
 def _fortune_candidates(root: str, seed: int) -> Iterator[tuple[str, str]]:
-    base = Path(root)
-    if not base.is_dir():
-        raise FileNotFoundError(f"{root} not found: the fortunes source needs Debian's fortunes "
-                                "(`apt-get install fortunes`), or set recipe.fortunes = 0")
+    base = _debian_source_dir(root, "fortunes", "fortunes")
     rng, pool = random.Random(seed), []
     for name in FORTUNE_FILES:
         path = base / name
