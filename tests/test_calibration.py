@@ -9,6 +9,7 @@ from dspark_hf.calibration import (
     brier_score,
     calibrate,
     calibration_report,
+    RoundData,
     collect_rounds,
     expected_calibration_error,
     fit_sts,
@@ -86,3 +87,29 @@ def test_calibrate_end_to_end_stores_temperatures(tmp_path):
     # positions are fitted given the calibrated prefix, so their (and the pooled) ECE may move either way
     first = report["positions"][0]
     assert first["ece_after"] <= first["ece_before"] + 1e-12
+
+
+def test_calibrate_reports_on_heldout_rounds(tmp_path):
+    """With held-out rounds, the headline metrics and the per-position table come from them, not the fit."""
+    gen = torch.Generator().manual_seed(3)
+    k = 3
+
+    def rounds(n: int) -> RoundData:
+        raw = torch.rand(n, k, generator=gen) * 0.96 + 0.02
+        # the true acceptance probability is sigmoid(logit(raw) / 2.5): the raw confidences are over-confident
+        ok = torch.rand(n, k, generator=gen) < torch.sigmoid(torch.logit(raw) / 2.5)
+        accepted = torch.cumprod(ok.long(), dim=1).sum(dim=1)
+        return RoundData(raw, accepted, torch.full((n,), k))
+
+    fit, held = rounds(3000), rounds(1500)
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=k)
+    report = calibrate(drafter, fit, tmp_path, heldout=held)
+    assert report["evaluated_on"] == "held-out prompts" and report["eval_rounds"] == 1500
+    assert report["pooled_before"] == pooled_metrics(held.confidences, held.accepted, None, held.verified)
+    assert report["pooled_after"] == pooled_metrics(held.confidences, held.accepted, report["temperatures"],
+                                                    held.verified)
+    assert report["positions"][0]["rounds"] == 1500
+    # the fitted temperatures transfer: held-out ECE drops clearly for this over-confident head
+    assert report["pooled_after"]["ece"] < 0.5 * report["pooled_before"]["ece"]
+    assert "held-out prompts" in (tmp_path / "calibration.md").read_text()

@@ -5,7 +5,7 @@ from dspark_hf.demo import main as demo_main
 
 
 def test_demo_runs_and_is_lossless(capsys):
-    rows = demo_main(["--max-new-tokens", "16"])
+    rows = demo_main(["--toy", "--max-new-tokens", "16"])
     assert len(rows) == 3
     assert all(r.identical and r.new_tokens == 16 and r.tau >= 1.0 for r in rows)
     out = capsys.readouterr().out

@@ -19,6 +19,7 @@ from .calibration import expected_calibration_error, fit_sts
 from .scheduler import async_lengths, prefix_survival, schedule_prefix, threshold_lengths
 from .sps import SPSTable, profile_sps
 from .modeling_dspark import DSparkDrafter, DSparkOutput
+from .hf_dflash import dflash_adapter, hf_dflash_generate
 from .verification import (
     SamplingParams,
     VerificationResult,
@@ -41,7 +42,9 @@ __all__ = [
     "async_lengths",
     "expected_calibration_error",
     "fit_sts",
+    "dflash_adapter",
     "generate",
+    "hf_dflash_generate",
     "prefix_survival",
     "profile_sps",
     "schedule_prefix",

@@ -260,12 +260,19 @@ def collect_rounds(target, drafter, prompt_ids: Sequence[Sequence[int]], max_new
 def calibration_markdown(report: dict) -> str:
     """The report as Markdown: pooled metrics and one row per position."""
     b, a = report["pooled_before"], report["pooled_after"]
+    where = report.get("evaluated_on", "the fitting rounds (in-sample)")
     lines = ["# STS calibration", "",
-             f"{report['rounds']} verification rounds (full-block). Temperatures: "
+             f"Fitted on {report['rounds']} verification rounds (full-block); metrics below on {where} "
+             f"({report.get('eval_rounds', report['rounds'])} rounds). Temperatures: "
              + ", ".join(f"{t:.3f}" for t in report["temperatures"]), "",
              "| | ECE | AUROC | Brier |", "|---|---|---|---|",
              f"| before STS (pooled a_k) | {b['ece']:.4f} | {b['auroc']:.3f} | {b['brier']:.4f} |",
-             f"| after STS (pooled a_k) | {a['ece']:.4f} | {a['auroc']:.3f} | {a['brier']:.4f} |", "",
+             f"| after STS (pooled a_k) | {a['ece']:.4f} | {a['auroc']:.3f} | {a['brier']:.4f} |"]
+    if "fit_pooled_after" in report and report.get("evaluated_on") == "held-out prompts":
+        fb, fa = report["fit_pooled_before"], report["fit_pooled_after"]
+        lines += [f"| in-sample before STS | {fb['ece']:.4f} | {fb['auroc']:.3f} | {fb['brier']:.4f} |",
+                  f"| in-sample after STS | {fa['ece']:.4f} | {fa['auroc']:.3f} | {fa['brier']:.4f} |"]
+    lines += ["",
              "| position | rounds | ECE before | ECE after | AUROC before | AUROC after | Brier before | Brier after |",
              "|---|---|---|---|---|---|---|---|"]
     for p in report["positions"]:
@@ -275,16 +282,27 @@ def calibration_markdown(report: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def calibrate(drafter, data: RoundData, out_dir: str | Path | None = None, n_bins: int = 20) -> dict:
-    """Fits STS on `data`, stores the temperatures in `drafter.config` and returns (and writes) the report."""
+def calibrate(drafter, data: RoundData, out_dir: str | Path | None = None, n_bins: int = 20,
+              heldout: RoundData | None = None) -> dict:
+    """Fits STS on `data`, stores the temperatures in `drafter.config` and returns (and writes) the report.
+
+    With `heldout` (rounds from prompts not used for the fit) the before/after metrics, the per-position table and
+    the reliability diagram are computed on those rounds; the in-sample pooled metrics are kept under
+    `fit_pooled_before` / `fit_pooled_after`.
+    """
     temps = fit_sts(data.confidences, data.accepted, data.verified, n_bins=n_bins)
     drafter.set_sts_temperatures(temps)
+    ev = heldout if heldout is not None else data
     report = {
         "temperatures": temps,
         "rounds": int(len(data.accepted)),
-        "pooled_before": pooled_metrics(data.confidences, data.accepted, None, data.verified, n_bins),
-        "pooled_after": pooled_metrics(data.confidences, data.accepted, temps, data.verified, n_bins),
-        "positions": [asdict(p) for p in calibration_report(data.confidences, data.accepted, temps, data.verified,
+        "evaluated_on": "held-out prompts" if heldout is not None else "the fitting rounds (in-sample)",
+        "eval_rounds": int(len(ev.accepted)),
+        "pooled_before": pooled_metrics(ev.confidences, ev.accepted, None, ev.verified, n_bins),
+        "pooled_after": pooled_metrics(ev.confidences, ev.accepted, temps, ev.verified, n_bins),
+        "fit_pooled_before": pooled_metrics(data.confidences, data.accepted, None, data.verified, n_bins),
+        "fit_pooled_after": pooled_metrics(data.confidences, data.accepted, temps, data.verified, n_bins),
+        "positions": [asdict(p) for p in calibration_report(ev.confidences, ev.accepted, temps, ev.verified,
                                                             n_bins)],
     }
     if out_dir is not None:
@@ -293,5 +311,5 @@ def calibrate(drafter, data: RoundData, out_dir: str | Path | None = None, n_bin
         out_dir = Path(out_dir)
         atomic_write_json(out_dir / "calibration.json", report)
         atomic_write_text(out_dir / "calibration.md", calibration_markdown(report))
-        reliability_diagram(data.confidences, data.accepted, temps, out_dir / "reliability.png", data.verified)
+        reliability_diagram(ev.confidences, ev.accepted, temps, out_dir / "reliability.png", ev.verified)
     return report

@@ -155,18 +155,27 @@ def _calibrate(argv: list[str]) -> None:
     parser.add_argument("--limit", type=int, default=64)
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
+    parser.add_argument("--fit-fraction", type=float, default=0.5,
+                        help="the first part of the prompts fits STS, the rest measures it (1 = fit and report on all)")
     parser.add_argument("--out", help="write the calibrated drafter here (default: in place)")
     parser.add_argument("--report-dir", help="calibration report folder (default: <drafter>/calibration)")
     args = parser.parse_args(argv)
+    if not 0 < args.fit_fraction <= 1:
+        parser.error(f"--fit-fraction must be in (0, 1], got {args.fit_fraction}")
     target, tokenizer = load_target(args.target)
     drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).eval()
     drafter.set_sts_temperatures([])
     prompts, _ = read_prompts_jsonl(args.prompts)
     ids = [chat_prompt_ids(tokenizer, p["messages"]) for p in prompts[: args.limit]]
-    data = collect_rounds(target, drafter, ids, args.max_new_tokens, args.batch_size,
+    n_fit = max(1, round(len(ids) * args.fit_fraction))
+    data = collect_rounds(target, drafter, ids[:n_fit], args.max_new_tokens, args.batch_size,
                           pad_id=tokenizer.pad_token_id or 0)
+    heldout = None
+    if n_fit < len(ids):
+        heldout = collect_rounds(target, drafter, ids[n_fit:], args.max_new_tokens, args.batch_size,
+                                 pad_id=tokenizer.pad_token_id or 0)
     out = Path(args.out or args.drafter)
-    report = calibrate(drafter, data, args.report_dir or out / "calibration")
+    report = calibrate(drafter, data, args.report_dir or out / "calibration", heldout=heldout)
     tmp = out.parent / f".{out.name}.calibrating"
     shutil.rmtree(tmp, ignore_errors=True)
     drafter.save_pretrained(tmp)
@@ -174,7 +183,8 @@ def _calibrate(argv: list[str]) -> None:
         item.replace(out / item.name)
     tmp.rmdir()
     before, after = report["pooled_before"], report["pooled_after"]
-    print(f"STS temperatures {['%.3f' % t for t in report['temperatures']]}; ECE {before['ece']:.4f} -> "
+    print(f"STS temperatures {['%.3f' % t for t in report['temperatures']]}; on {report['evaluated_on']}: "
+          f"ECE {before['ece']:.4f} -> "
           f"{after['ece']:.4f}, AUROC {before['auroc']:.3f} -> {after['auroc']:.3f}, Brier {before['brier']:.4f} -> "
           f"{after['brier']:.4f}; written to {out}")
 
@@ -204,6 +214,56 @@ def _eval(argv: list[str]) -> None:
     print((out / "eval.md").read_text())
 
 
+def _compare(argv: list[str]) -> None:
+    from .comparison import compare, write_comparison
+
+    parser = argparse.ArgumentParser(prog="dspark-hf compare",
+                                     description="drafting methods side by side: tau, acceptance, batch-1 speedup")
+    parser.add_argument("--target", required=True)
+    parser.add_argument("--drafter", action="append", required=True, metavar="LABEL=FOLDER",
+                        help="a drafter of --target (repeatable), e.g. dspark=outputs/x/final dflash=outputs/y/final")
+    parser.add_argument("--hf-dflash", metavar="LABEL",
+                        help="also run this DFlash-variant drafter through transformers' built-in DFlash path")
+    parser.add_argument("--stock", metavar="TARGET:ASSISTANT",
+                        help="also run transformers' stock assisted generation with this target / draft-model pair")
+    parser.add_argument("--datasets", default="humaneval,mt_bench,math500,aime,gsm_symbolic")
+    parser.add_argument("--limit", type=int, default=16, help="prompts per data set for tau and acceptance")
+    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=8)
+    parser.add_argument("--speed-prompts", type=int, default=3, help="prompts timed at batch size 1")
+    parser.add_argument("--stock-prompts", type=int, help="prompts for the stock pair (default: --speed-prompts)")
+    parser.add_argument("--out", default="outputs/compare")
+    args = parser.parse_args(argv)
+    drafters = {}
+    for item in args.drafter:
+        label, sep, folder = item.partition("=")
+        if not sep or not label or not folder:
+            parser.error(f"--drafter takes LABEL=FOLDER, got {item!r}")
+        drafters[label] = folder
+    stock = None
+    if args.stock:
+        stock_target, sep, assistant = args.stock.partition(":")
+        if not sep or not stock_target or not assistant:
+            parser.error(f"--stock takes TARGET:ASSISTANT, got {args.stock!r}")
+        stock = (stock_target, assistant)
+    comp = compare(args.target, drafters, args.datasets.split(","), args.limit, args.max_new_tokens, args.batch_size,
+                   args.speed_prompts, args.hf_dflash, stock, args.stock_prompts)
+    out = write_comparison(comp, args.out, {k: v for k, v in vars(args).items() if v is not None})
+    print((out / "compare.md").read_text())
+
+
+def _release(argv: list[str]) -> None:
+    from .release import RELEASE_DIR, RELEASES, export_release, folder_bytes
+
+    parser = argparse.ArgumentParser(prog="dspark-hf release",
+                                     description="write a trained drafter as the package's release drafter (bf16)")
+    parser.add_argument("--drafter", required=True, help="trained (and calibrated) drafter folder")
+    parser.add_argument("--target", required=True, choices=sorted(RELEASES))
+    args = parser.parse_args(argv)
+    out = export_release(args.drafter, RELEASE_DIR / RELEASES[args.target])
+    print(f"wrote {out} ({folder_bytes(out) / 1e6:.1f} MB)")
+
+
 COMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
     "demo": (_demo, "speculative vs target-only generation, side by side"),
     "prompts": (_prompts, "build training prompts from non-evaluation sources"),
@@ -211,8 +271,10 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
     "train": (_train, "train a drafter (--config FILE.yaml [key=value ...])"),
     "calibrate": (_calibrate, "STS calibration of a drafter's confidence head"),
     "eval": (_eval, "evaluate a drafter: tau, acceptance, speedup, quality"),
+    "compare": (_compare, "drafting methods side by side on the prompt sets"),
     "bench": (_bench, "throughput vs concurrency for every verification policy"),
     "bench-head": (_bench_head, "time the sequential head against the parallel forward"),
+    "release": (_release, "write a trained drafter as the package's release drafter"),
     "fetch-target": (_fetch_target, "download and convert a registered target model"),
     "results": (_results, "assemble RESULTS.md from the tables under results/"),
 }

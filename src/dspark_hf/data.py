@@ -131,6 +131,10 @@ def generate_responses(
 
         bar = tqdm(total=len(prompts), initial=len(prompts) - len(todo), desc="target answers", unit="prompt")
     pending: list[TokenizedExample] = []
+    # Batches of similar prompt length: a batch is left-padded to its longest prompt, so mixing 30-token chat
+    # prompts with 500-token code listings would multiply the prefill cost. Stable sort: ties keep the file order.
+    lengths = {str(p["id"]): len(chat_prompt_ids(tokenizer, p["messages"], recipe.max_prompt_tokens)) for p in todo}
+    todo = sorted(todo, key=lambda p: lengths[str(p["id"])])
     for batch in _batches(todo, recipe.batch_size):
         rows = [chat_prompt_ids(tokenizer, p["messages"], recipe.max_prompt_tokens) for p in batch]
         width = max(map(len, rows))

@@ -1,12 +1,14 @@
 """`dspark-hf demo`: speculative generation next to target-only decoding, in one run.
 
-With `--target` (a local folder or cached Hub id) and `--drafter`, it runs those on text prompts through the target's
-chat template. Without them it builds a small random Llama target and an *untrained* drafter and says so: drafts are
-then almost never accepted, so the run shows the mechanics and the lossless check, not a speedup.
+By default it runs SmolLM2-135M-Instruct (fetched once from its pinned PyPI package and cached; no Hub access) with the
+release DSpark drafter shipped inside this package, on a few prompts through the target's chat template. `--target`
+(a registered name or a local folder) and `--drafter` (a folder) run another pair; `--toy` builds a small random
+Llama target and an *untrained* drafter (no download; drafts are almost never accepted, so it shows the mechanics and
+the lossless check, not a speedup).
 
-For each prompt it prints the text (or token ids), tau (tokens emitted per verification round, bonus included),
-tokens/s of speculative and of target-only greedy decoding measured side by side, and whether the speculative output
-equals the target's own greedy output token for token.
+For each prompt it prints the text, tau (tokens emitted per verification round, bonus included), tokens/s of
+speculative and of target-only greedy decoding measured side by side, and whether the speculative output equals the
+target's own greedy output token for token.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 import torch
-from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedModel
+from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from .modeling_dspark import DSparkDrafter
 
@@ -107,27 +109,34 @@ def print_rows(rows: list[DemoRow]) -> None:
 
 
 def main(argv: list[str] | None = None) -> list[DemoRow]:
+    from .release import RELEASES, load_release_drafter
+
     parser = argparse.ArgumentParser(prog="dspark-hf demo", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", help="local folder (or cached Hub id) of a causal LM; default: a toy model")
-    parser.add_argument("--drafter", help="folder of a trained DSpark drafter for --target")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--target", default="smollm2-135m-instruct",
+                        help="registered target name or local folder (default: smollm2-135m-instruct)")
+    parser.add_argument("--drafter", help="drafter folder (default: the release drafter of a registered target)")
+    parser.add_argument("--toy", action="store_true", help="random toy target + untrained drafter (no download)")
+    parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--prompt", action="append", help="prompt text (repeatable)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
-    if args.target is None:
-        print("No trained drafter is given, so this demo builds a small RANDOM Llama target and an UNTRAINED DSpark "
-              "drafter.\nIts drafts are almost never accepted (tau ~ 1): this run shows the mechanics and the "
-              "lossless check, not a speedup.")
+    if args.toy:
+        print("--toy: a small RANDOM Llama target and an UNTRAINED DSpark drafter.\nIts drafts are almost never "
+              "accepted (tau ~ 1): this run shows the mechanics and the lossless check, not a speedup.")
         target, drafter = build_toy_pair()
         tokenizer = None
     else:
-        target = AutoModelForCausalLM.from_pretrained(args.target, dtype=torch.float32).eval()
-        tokenizer = AutoTokenizer.from_pretrained(args.target)
+        from .targets import load_target
+
+        target, tokenizer = load_target(args.target)
         if args.drafter:
-            drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).eval()
+            drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, dtype=target.dtype).eval()
+        elif args.target in RELEASES:
+            drafter = load_release_drafter(args.target, target)
+            print(f"target {args.target} with its release DSpark drafter "
+                  f"(block {drafter.config.block_size}, {drafter.config.sequential_head} head)")
         else:
-            print("No --drafter given: using an UNTRAINED drafter (tau ~ 1, no speedup expected).")
-            drafter = DSparkDrafter.from_target(target).eval()
+            parser.error(f"no release drafter for {args.target!r}: pass --drafter FOLDER (or use --toy)")
     rows = run_demo(target, drafter, tokenizer, args.prompt, args.max_new_tokens)
     print_rows(rows)
     return rows

@@ -76,8 +76,12 @@ class OnlineFeatures:
 class FeatureCache:
     """Reads an offline feature cache; `__call__` gives the same `FeatureBatch` as `OnlineFeatures`."""
 
-    def __init__(self, cache_dir: str | Path, target=None, target_layer_ids: Sequence[int] | None = None) -> None:
+    def __init__(self, cache_dir: str | Path, target=None, target_layer_ids: Sequence[int] | None = None,
+                 max_shards_in_memory: int | None = 4) -> None:
+        """`max_shards_in_memory`: shards kept loaded (least recently loaded dropped first); None keeps all, which
+        makes random-order training read each shard from disk once."""
         self.dir = Path(cache_dir)
+        self.max_shards_in_memory = max_shards_in_memory
         manifest_path = self.dir / "manifest.json"
         if not manifest_path.exists():
             raise FileNotFoundError(f"{cache_dir} is not a feature cache (no manifest.json); build one with "
@@ -98,7 +102,7 @@ class FeatureCache:
     def _tensors(self, example_id: str) -> tuple[torch.Tensor, torch.Tensor]:
         shard = self.shard_of[example_id]
         if shard not in self._loaded:
-            if len(self._loaded) >= 4:  # keep a few shards in memory
+            if self.max_shards_in_memory is not None and len(self._loaded) >= self.max_shards_in_memory:
                 self._loaded.pop(next(iter(self._loaded)))
             self._loaded[shard] = load_file(self.dir / shard)
         data = self._loaded[shard]

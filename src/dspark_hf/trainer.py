@@ -86,9 +86,11 @@ class DSparkTrainer:
                                    decay=self.drafter.config.effective_loss_decay)
         layer_ids = self.drafter.config.target_layer_ids
         if config.feature_cache:
-            build_feature_cache(target, self.train_examples, config.feature_cache, layer_ids,
-                                max_length=config.max_length, progress=progress)
-            self.features = FeatureCache(config.feature_cache, target, layer_ids)
+            with self.accelerator.autocast():  # bf16 mixed precision also speeds up the one pass of the target
+                build_feature_cache(target, self.train_examples, config.feature_cache, layer_ids,
+                                    max_length=config.max_length, dtype=getattr(torch, config.feature_cache_dtype),
+                                    progress=progress)
+            self.features = FeatureCache(config.feature_cache, target, layer_ids, max_shards_in_memory=None)
         else:
             self.features = OnlineFeatures(target, layer_ids)
         params = [p for p in self.drafter.parameters() if p.requires_grad]

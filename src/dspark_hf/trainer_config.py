@@ -20,6 +20,7 @@ class DSparkTrainingConfig:
     data_dir: str = field(default="", metadata={"help": "folder written by `dspark-hf data` (data-*.jsonl shards)"})
     output_dir: str = field(default="outputs/drafter", metadata={"help": "checkpoints, logs and the final drafter go here"})
     feature_cache: str | None = field(default=None, metadata={"help": "offline target-feature cache folder (built on first use); empty = online features"})
+    feature_cache_dtype: str = field(default="bfloat16", metadata={"help": "storage dtype of the feature cache: 'bfloat16' (half the disk and memory) or 'float32'"})
     variant: str = field(default="dspark", metadata={"help": "'dspark' (sequential + confidence heads, CE+TV+conf loss) or 'dflash' (no heads, CE only)"})
     init_from: str | None = field(default=None, metadata={"help": "start from this drafter folder instead of a random init"})
     # ---- drafter architecture
@@ -57,6 +58,8 @@ class DSparkTrainingConfig:
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
             raise ValueError(f"variant must be one of {VARIANTS}, got {self.variant!r}")
+        if self.feature_cache_dtype not in ("bfloat16", "float32"):
+            raise ValueError(f"feature_cache_dtype must be 'bfloat16' or 'float32', got {self.feature_cache_dtype!r}")
         if self.mixed_precision not in ("no", "bf16"):
             raise ValueError(f"mixed_precision must be 'no' or 'bf16', got {self.mixed_precision!r}")
         for name in ("block_size", "num_hidden_layers", "max_steps", "batch_size", "gradient_accumulation_steps",
@@ -88,6 +91,7 @@ def load_training_config(argv: list[str] | None = None) -> DSparkTrainingConfig:
 
     argv = list(argv or [])
     known = {f.name for f in fields(DSparkTrainingConfig)}
+    string_fields = {f.name for f in fields(DSparkTrainingConfig) if f.type in ("str", "str | None", str)}
     values: dict[str, Any] = {}
     if "--config" in argv:
         i = argv.index("--config")
@@ -106,9 +110,16 @@ def load_training_config(argv: list[str] | None = None) -> DSparkTrainingConfig:
     for token in argv:
         if "=" in token and not token.startswith("-"):
             key, _, text = token.partition("=")
-            values[key.strip()] = _parse_value(text)
+            key = key.strip()
+            # str-typed fields keep the text as written (YAML would read `mixed_precision=no` as False)
+            values[key] = text.strip() if key in string_fields and text.strip() else _parse_value(text)
         else:
             flags.append(token)
+    for key in string_fields & set(values):  # YAML files: `no` / `off` read as booleans, `1e-3` as numbers
+        if isinstance(values[key], bool):
+            values[key] = "yes" if values[key] else "no"
+        elif isinstance(values[key], (int, float)):
+            values[key] = str(values[key])
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"unknown training config key(s) {unknown}; valid keys: {sorted(known)}")

@@ -60,7 +60,16 @@ def main(argv: list[str] | None = None) -> Path:
     parser = argparse.ArgumentParser(prog="dspark-hf results", description=__doc__.split("\n\n")[0])
     parser.add_argument("--results-dir", default="results")
     parser.add_argument("--out", default="RESULTS.md")
+    parser.add_argument("--rerun", action="store_true",
+                        help="first run every section's command in order (data, training, measurements: hours on a "
+                             "CPU; each step resumes), then assemble")
     args = parser.parse_args(argv)
+    if args.rerun:
+        import subprocess
+
+        for rel, title, command in SECTIONS:
+            print(f"== {title}\n$ {command}", flush=True)
+            subprocess.run(command, shell=True, check=True)
     path = collect(args.results_dir, args.out)
     print(f"wrote {path}")
     return path
