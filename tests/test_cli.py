@@ -1,5 +1,7 @@
 """The console entry points run end to end on their built-in toy models."""
 
+import pytest
+
 from dspark_hf.cli import main as cli_main
 from dspark_hf.demo import main as demo_main
 
@@ -51,3 +53,12 @@ def test_results_collects_tables_and_says_what_is_missing(tmp_path):
     cli_main(["results", "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "RESULTS.md")])
     text = (tmp_path / "RESULTS.md").read_text()
     assert "| 1 | 2 |" in text and "Not measured yet." in text and "dspark-hf bench --target toy" in text
+
+
+@pytest.mark.slow
+def test_demo_default_runs_smollm2_with_the_release_drafter(capsys):
+    """The README's first command: the real target (fetched / cached offline) and the shipped drafter, lossless."""
+    rows = demo_main(["--max-new-tokens", "32"])
+    assert len(rows) == 3 and all(r.identical for r in rows)
+    assert sum(r.tau for r in rows) / len(rows) > 1.2  # a trained drafter: drafts are accepted
+    assert "release DSpark drafter" in capsys.readouterr().out

@@ -190,9 +190,10 @@ def exact_joint(target, prompt, n_tokens, temperature, top_k, top_p) -> torch.Te
     return probs.gather(2, seqs[..., None]).squeeze(-1).prod(dim=1)
 
 
-@pytest.mark.parametrize("temperature, top_k, top_p, candidates", [(0.8, None, None, None), (1.3, 3, 0.9, None),
-                                                                   (1.0, None, None, 2)])
-def test_sampling_matches_the_target_distribution(temperature, top_k, top_p, candidates):
+@pytest.mark.parametrize("temperature, top_k, top_p, candidates, head_dtype",
+                         [(0.8, None, None, None, None), (1.3, 3, 0.9, None, None), (1.0, None, None, 2, None),
+                          (0.8, None, None, None, torch.bfloat16)])
+def test_sampling_matches_the_target_distribution(temperature, top_k, top_p, candidates, head_dtype):
     """The first 3 generated tokens over V^3 = 64 outcomes: the speculative empirical distribution is within a stated
     TV bound of the enumerated target distribution; the bound is 2.5x the TV expected from exact sampling with the
     same number of runs. Drafts are far from the target (checked), so a lossy verifier would not pass. With
@@ -201,6 +202,7 @@ def test_sampling_matches_the_target_distribution(temperature, top_k, top_p, can
     drafter = make_drafter(target, block_size=3, markov_rank=4, seed=4, draft_candidates=candidates)
     with torch.no_grad():  # a strong transition bias: drafts far from the target, dependent on the previous draft
         drafter.markov_head.markov_w2.weight.normal_(0.0, 8.0, generator=torch.Generator().manual_seed(0))
+    drafter.set_draft_head_dtype(head_dtype)  # bf16: drafts from a low-precision head copy, verified against it
     prompt, n_runs, n_tokens = [1, 2, 3, 1], 2500, 3
     exact = exact_joint(target, prompt, n_tokens, temperature, top_k, top_p)
     first_drafts = []
@@ -232,3 +234,18 @@ def test_sampling_matches_the_target_distribution(temperature, top_k, top_p, can
     target_pair = exact.reshape(4, 4, 4).sum(-1).reshape(-1)
     # A verifier that accepted every draft would be off by at least this much: more than the bound allows.
     assert 0.5 * (pair / pair.sum() - target_pair).abs().sum().item() > 1.4 * 2.5 * expected_tv
+
+
+def test_low_precision_draft_head_stays_lossless_and_follows_the_target(target):
+    """A bf16 copy of the LM head for drafting: greedy output still equals plain greedy; the copy tracks the head."""
+    drafter = make_drafter(target, block_size=4)
+    ids = torch.tensor([PROMPTS[0]])
+    ref = target.generate(ids, max_new_tokens=24, do_sample=False)
+    drafter.set_draft_head_dtype(torch.bfloat16)
+    assert torch.equal(ref, target.generate(ids, assistant_model=drafter, max_new_tokens=24, do_sample=False))
+    hidden = torch.randn(2, 4, target.config.hidden_size)
+    low = drafter.draft_logits(hidden)
+    assert low.dtype == torch.float32
+    assert torch.allclose(low, drafter.lm_head(hidden).float(), atol=0.1) and not torch.equal(low, drafter.lm_head(hidden))
+    drafter.set_draft_head_dtype(None)
+    assert torch.equal(drafter.draft_logits(hidden), drafter.lm_head(hidden).float())

@@ -39,6 +39,12 @@ def _results(argv: list[str]) -> None:
     main(argv)
 
 
+def _training_report(argv: list[str]) -> None:
+    from .bench.training_report import main
+
+    main(argv)
+
+
 def _bench_head(argv: list[str]) -> None:
     from .bench.head_cost import main
 
@@ -215,6 +221,8 @@ def _eval(argv: list[str]) -> None:
 
 
 def _compare(argv: list[str]) -> None:
+    import torch
+
     from .comparison import compare, write_comparison
 
     parser = argparse.ArgumentParser(prog="dspark-hf compare",
@@ -232,6 +240,8 @@ def _compare(argv: list[str]) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--speed-prompts", type=int, default=3, help="prompts timed at batch size 1")
     parser.add_argument("--stock-prompts", type=int, help="prompts for the stock pair (default: --speed-prompts)")
+    parser.add_argument("--draft-head-dtype", choices=["bfloat16", "float32"],
+                        help="LM-head copy our drafters draft with (default: the target's own head)")
     parser.add_argument("--out", default="outputs/compare")
     args = parser.parse_args(argv)
     drafters = {}
@@ -247,7 +257,8 @@ def _compare(argv: list[str]) -> None:
             parser.error(f"--stock takes TARGET:ASSISTANT, got {args.stock!r}")
         stock = (stock_target, assistant)
     comp = compare(args.target, drafters, args.datasets.split(","), args.limit, args.max_new_tokens, args.batch_size,
-                   args.speed_prompts, args.hf_dflash, stock, args.stock_prompts)
+                   args.speed_prompts, args.hf_dflash, stock, args.stock_prompts,
+                   getattr(torch, args.draft_head_dtype) if args.draft_head_dtype else None)
     out = write_comparison(comp, args.out, {k: v for k, v in vars(args).items() if v is not None})
     print((out / "compare.md").read_text())
 
@@ -269,6 +280,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
     "prompts": (_prompts, "build training prompts from non-evaluation sources"),
     "data": (_data, "the target answers prompts: drafter training data"),
     "train": (_train, "train a drafter (--config FILE.yaml [key=value ...])"),
+    "training-report": (_training_report, "training runs side by side, from their logs"),
     "calibrate": (_calibrate, "STS calibration of a drafter's confidence head"),
     "eval": (_eval, "evaluate a drafter: tau, acceptance, speedup, quality"),
     "compare": (_compare, "drafting methods side by side on the prompt sets"),

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
@@ -72,25 +72,32 @@ def count_forwards(model: torch.nn.Module) -> Iterator[list[int]]:
 
 
 def time_side_by_side(prompt_ids: Sequence[Sequence[int]], device, base: Callable[[torch.Tensor], torch.Tensor],
-                      spec: Callable[[torch.Tensor], torch.Tensor]) -> dict[str, Any]:
+                      spec: Callable[[torch.Tensor], torch.Tensor],
+                      count_model: torch.nn.Module | None = None) -> dict[str, Any]:
     """Per prompt: `base(x)` then `spec(x)`, timed back to back. Returns tokens/s of both, the ratio and whether every
-    speculative output equals the base output."""
+    speculative output equals the base output; with `count_model`, also `tau`: new tokens of the speculative runs per
+    forward of that model (a pre-hook, negligible next to a forward)."""
     base_t = spec_t = 0.0
-    base_n = spec_n = 0
+    base_n = spec_n = forwards = 0
     identical = True
     for ids in prompt_ids:
         x = torch.tensor([list(ids)], device=device)
         start = time.perf_counter()
         ref = base(x)
         base_t += time.perf_counter() - start
-        start = time.perf_counter()
-        out = spec(x)
-        spec_t += time.perf_counter() - start
+        with count_forwards(count_model) if count_model is not None else nullcontext([0]) as counter:
+            start = time.perf_counter()
+            out = spec(x)
+            spec_t += time.perf_counter() - start
+        forwards += counter[0]
         base_n += ref.shape[1] - x.shape[1]
         spec_n += out.shape[1] - x.shape[1]
         identical &= bool(torch.equal(ref, out))
-    return {"target_tokens_per_s": base_n / base_t, "speculative_tokens_per_s": spec_n / spec_t,
-            "speedup": (spec_n / spec_t) / (base_n / base_t), "identical": identical, "prompts": len(prompt_ids)}
+    result = {"target_tokens_per_s": base_n / base_t, "speculative_tokens_per_s": spec_n / spec_t,
+              "speedup": (spec_n / spec_t) / (base_n / base_t), "identical": identical, "prompts": len(prompt_ids)}
+    if count_model is not None:
+        result["tau"] = spec_n / max(1, forwards)
+    return result
 
 
 def _greedy(model, max_new_tokens: int, **kwargs) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -117,7 +124,7 @@ def forward_counted_tau(model, run: Callable[[torch.Tensor], torch.Tensor],
 def compare(target_name: str, drafters: dict[str, str], datasets: Sequence[str], limit: int = 16,
             max_new_tokens: int = 64, batch_size: int = 8, speed_prompts: int = 3, hf_dflash: str | None = None,
             stock: tuple[str, str] | None = None, stock_prompts: int | None = None,
-            progress: bool = True) -> Comparison:
+            draft_head_dtype: torch.dtype | None = None, progress: bool = True) -> Comparison:
     """Runs every method on every prompt set (see the module docstring).
 
     Args:
@@ -126,6 +133,8 @@ def compare(target_name: str, drafters: dict[str, str], datasets: Sequence[str],
         hf_dflash: label of a DFlash-variant drafter in `drafters` to also run through transformers' built-in path.
         stock: `(target, assistant)` names for transformers' stock assisted generation, or None to skip.
         stock_prompts: speed prompts for the stock pair (default `speed_prompts`; its target is the slowest part).
+        draft_head_dtype: `DSparkDrafter.set_draft_head_dtype` for all our drafters (not the built-in DFlash path,
+            which applies the target's head itself).
     """
     from .data import chat_prompt_ids
     from .evaluation import evaluate_drafter
@@ -136,7 +145,10 @@ def compare(target_name: str, drafters: dict[str, str], datasets: Sequence[str],
     if hf_dflash is not None and hf_dflash not in drafters:
         raise ValueError(f"hf_dflash={hf_dflash!r} must name one of the drafters {sorted(drafters)}")
     target, tokenizer = load_target(target_name)
-    loaded = {label: DSparkDrafter.from_pretrained(path, target=target).eval() for label, path in drafters.items()}
+    loaded = {label: DSparkDrafter.from_pretrained(path, target=target, dtype=target.dtype).eval()
+              for label, path in drafters.items()}
+    for drafter in loaded.values():
+        drafter.set_draft_head_dtype(draft_head_dtype)
     methods = list(drafters) + (["hf-dflash"] if hf_dflash else []) + (["stock-assisted"] if stock else [])
     result = Comparison(datasets=list(datasets), methods=methods)
     stock_models = None
@@ -164,9 +176,9 @@ def compare(target_name: str, drafters: dict[str, str], datasets: Sequence[str],
             if progress:
                 print(f"[{name}] hf-dflash", flush=True)
             spec = _greedy(target, max_new_tokens, assistant_model=adapter, speculation_type="dflash")
-            speed = time_side_by_side(prompts, target.device, _greedy(target, max_new_tokens), spec)
-            tau = forward_counted_tau(target, spec, prompts, target.device)
-            result.results.append(MethodResult("hf-dflash", name, target_name, tau, len(prompts), None, speed))
+            speed = time_side_by_side(prompts, target.device, _greedy(target, max_new_tokens), spec, target)
+            result.results.append(MethodResult("hf-dflash", name, target_name, speed["tau"], len(prompts), None,
+                                               speed))
         if stock_models is not None:
             s_target, s_tok, s_assistant = stock_models
             n = speed_prompts if stock_prompts is None else stock_prompts
@@ -175,10 +187,10 @@ def compare(target_name: str, drafters: dict[str, str], datasets: Sequence[str],
                 if progress:
                     print(f"[{name}] stock-assisted", flush=True)
                 spec = _greedy(s_target, max_new_tokens, assistant_model=s_assistant)
-                speed = time_side_by_side(s_prompts, s_target.device, _greedy(s_target, max_new_tokens), spec)
-                tau = forward_counted_tau(s_target, spec, s_prompts, s_target.device)
-                result.results.append(MethodResult("stock-assisted", name, f"{stock[0]} + {stock[1]}", tau,
-                                                   len(s_prompts), None, speed))
+                speed = time_side_by_side(s_prompts, s_target.device, _greedy(s_target, max_new_tokens), spec,
+                                          s_target)
+                result.results.append(MethodResult("stock-assisted", name, f"{stock[0]} + {stock[1]}",
+                                                   speed["tau"], len(s_prompts), None, speed))
     return result
 
 

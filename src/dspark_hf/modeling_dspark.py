@@ -227,6 +227,8 @@ class DSparkDrafter(DSparkPreTrainedModel):
             extra = config.markov_rank if self.markov_head is not None else 0
             self.confidence_head = ConfidenceHead(d + extra)
         self._bound: dict[str, nn.Module] = {}
+        self._draft_head_dtype: torch.dtype | None = None
+        self._draft_head: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None  # (source, W, b)
         self.last_speculation_stats = None  # set by generate(assistant_model=self): see SpeculationStats
         self.post_init()
         self.set_sts_temperatures(config.sts_temperatures)
@@ -315,6 +317,29 @@ class DSparkDrafter(DSparkPreTrainedModel):
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
         head = self._require_bound()[1]
         return head(hidden.to(head.weight.dtype))
+
+    def set_draft_head_dtype(self, dtype: torch.dtype | None) -> None:
+        """Drafts' base logits from a copy of the target's LM head in `dtype` (e.g. `torch.bfloat16`).
+
+        On a CPU the K-row product with the LM head (V x d) is memory-bound and the largest part of a drafting round;
+        a bf16 copy halves its reads. Decoding stays lossless: verification uses exactly the logits the drafts were
+        drawn from; only which drafts are proposed (so acceptance) may change slightly. The copy is made lazily, is
+        never saved, and follows the bound target. `None` (default) uses the head as it is. Training is unaffected.
+        """
+        self._draft_head_dtype = dtype
+        self._draft_head = None
+
+    def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Base draft logits `[..., V]` (float32) of drafter states, in the dtype set by `set_draft_head_dtype`."""
+        if self._draft_head_dtype is None:
+            return self.lm_head(hidden).float()
+        head = self._require_bound()[1]
+        if self._draft_head is None or self._draft_head[0] is not head.weight:
+            bias = getattr(head, "bias", None)
+            self._draft_head = (head.weight, head.weight.detach().to(self._draft_head_dtype),
+                                None if bias is None else bias.detach().to(self._draft_head_dtype))
+        _, weight, bias = self._draft_head
+        return nn.functional.linear(hidden.to(weight.dtype), weight, bias).float()
 
     def set_sts_temperatures(self, temperatures: Sequence[float] | None) -> None:
         """Stores STS temperatures (one per block position) in the config and the runtime buffer."""
@@ -477,7 +502,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         hidden = self._backbone(
             self.block_embeddings(anchor_ids), positions, lambda i: (cache.keys[i], cache.values[i]), mask
         )  # [B, K, d]
-        base_logits = self.lm_head(hidden[:, :num_drafts]).float()  # [B, K, V]
+        base_logits = self.draft_logits(hidden[:, :num_drafts])  # [B, K, V] float32
         prepared = self.prepare_candidates(base_logits, candidates)
         return self.sample_block(
             hidden[:, :num_drafts], base_logits, anchor_ids, do_sample=do_sample, sampling=sampling,

@@ -20,18 +20,29 @@ SECTIONS = [
     ("bench_smollm2_sim/bench.md", "Throughput vs concurrency, SmolLM2-135M-Instruct, simulated calibrated drafter",
      "dspark-hf bench --target smollm2-135m-instruct --drafter simulated --concurrency 1 4 16 "
      "--max-new-tokens 32 --repeats 2 --out results/bench_smollm2_sim"),
-    ("eval_smollm2_dspark/eval.md", "SmolLM2-135M-Instruct, DSpark (Markov) drafter after only 300 CPU steps",
-     "dspark-hf train --config examples/configs/smollm2-135m-dspark.yaml max_steps=300 warmup_steps=30 "
-     "learning_rate=0.001 save_every=50 feature_cache=null && dspark-hf eval --drafter "
-     "outputs/smollm2-135m-dspark/final --target smollm2-135m-instruct --datasets humaneval,mt_bench,gsm_symbolic "
-     "--limit 8 --max-new-tokens 64 --batch-size 8 --speed-prompts 2 --out results/eval_smollm2_dspark"),
-    ("eval_smollm2_dflash/eval.md", "SmolLM2-135M-Instruct, DFlash baseline drafter (same budget)",
-     "dspark-hf eval --drafter outputs/smollm2-135m-dflash/final --target smollm2-135m-instruct "
-     "--out results/eval_smollm2_dflash"),
-    ("calibration_smollm2_dspark/calibration.md", "STS calibration of the DSpark drafter",
+    ("training_smollm2/training.md", "Training data and drafters for SmolLM2-135M-Instruct (equal budgets)",
+     "dspark-hf prompts --seed 999 --limit 96 --skip-missing --out data/heldout_prompts.jsonl && "
+     "dspark-hf prompts --limit 2048 --skip-missing --exclude data/heldout_prompts.jsonl "
+     "--out data/train_prompts.jsonl && dspark-hf data --target smollm2-135m-instruct --prompts "
+     "data/train_prompts.jsonl --out data/smollm2-135m --max-new-tokens 128 --batch-size 32 && "
+     "dspark-hf train --config examples/configs/smollm2-135m-dspark.yaml && "
+     "dspark-hf train --config examples/configs/smollm2-135m-dflash.yaml && "
+     "dspark-hf training-report --run dspark=outputs/smollm2-135m-dspark --run dflash=outputs/smollm2-135m-dflash "
+     "--out results/training_smollm2"),
+    ("calibration_smollm2_dspark/calibration.md",
+     "STS calibration of the DSpark drafter (fit on half of the held-out prompts, measured on the other half)",
      "dspark-hf calibrate --drafter outputs/smollm2-135m-dspark/final --target smollm2-135m-instruct "
-     "--prompts data/heldout_prompts.jsonl --limit 48 --max-new-tokens 64 --batch-size 16 "
+     "--prompts data/heldout_prompts.jsonl --limit 96 --fit-fraction 0.5 --max-new-tokens 64 --batch-size 16 "
      "--report-dir results/calibration_smollm2_dspark"),
+    ("compare_smollm2/compare.md",
+     "DSpark vs DFlash baseline vs transformers' built-in DFlash path vs stock assisted generation",
+     "dspark-hf compare --target smollm2-135m-instruct --drafter dspark=outputs/smollm2-135m-dspark/final "
+     "--drafter dflash=outputs/smollm2-135m-dflash/final --hf-dflash dflash "
+     "--stock qwen2.5-coder-1.5b-instruct:qwen2.5-coder-0.5b-instruct --limit 16 --max-new-tokens 64 "
+     "--speed-prompts 3 --stock-prompts 2 --out results/compare_smollm2"),
+    ("bench_smollm2_dspark/bench.md", "Throughput vs concurrency, SmolLM2-135M-Instruct, trained DSpark drafter",
+     "dspark-hf bench --target smollm2-135m-instruct --drafter outputs/smollm2-135m-dspark/final "
+     "--concurrency 1 4 16 --max-new-tokens 32 --repeats 2 --out results/bench_smollm2_dspark"),
 ]
 
 

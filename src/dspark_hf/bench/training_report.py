@@ -1,0 +1,132 @@
+"""`dspark-hf training-report`: the training runs side by side, from their own logs.
+
+Reads each run folder's `training_config.json` (config, provenance, example counts) and `log.jsonl` (one record per
+`log_every` steps) and writes `training.md` (settings, data, and the last-50-step averages of the loss and of the
+training-batch acceptance diagnostics) and `training.png` (expected tau and accept_rate@1 against step). The
+diagnostics are computed on training batches against the target's distribution (c* = 1 - TV), so they track learning
+but are not held-out measurements; held-out tau comes from `dspark-hf compare`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+
+from ..provenance import atomic_write_json, atomic_write_text
+
+
+def read_run(folder: str | Path) -> dict:
+    folder = Path(folder)
+    cfg_path, log_path = folder / "training_config.json", folder / "log.jsonl"
+    if not cfg_path.exists() or not log_path.exists():
+        raise FileNotFoundError(f"{folder} is not a training run (needs training_config.json and log.jsonl)")
+    records = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
+    if not records:
+        raise ValueError(f"{log_path} holds no log records yet")
+    return {"config": json.loads(cfg_path.read_text()), "log": records}
+
+
+def _tail_mean(records: list[dict], key: str, last_steps: int = 50) -> float:
+    end = records[-1]["step"]
+    vals = [r[key] for r in records if r["step"] > end - last_steps and key in r]
+    return statistics.mean(vals) if vals else float("nan")
+
+
+def _data_summary(data_dir: Path) -> str:
+    manifest = data_dir / "manifest.json"
+    if not manifest.exists():
+        return ""
+    m = json.loads(manifest.read_text())
+    sources: dict[str, int] = {}
+    tokens = answers = 0
+    for shard in sorted(data_dir.glob("data-*.jsonl")):
+        for line in shard.read_text().splitlines():
+            if line.strip():
+                ex = json.loads(line)
+                family = ex.get("source", "").split("/")[0] or "?"
+                sources[family] = sources.get(family, 0) + 1
+                tokens += len(ex["input_ids"])
+                answers += sum(ex["loss_mask"])
+    recipe = ", ".join(f"{k}={v}" for k, v in m["recipe"].items())
+    return (f"Data `{data_dir}`: {sum(sources.values())} examples, {tokens} tokens of which {answers} answer tokens "
+            f"(the target's own greedy answers; recipe: {recipe}). By source: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(sources.items())) + ".")
+
+
+def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    loaded = {label: read_run(folder) for label, folder in runs.items()}
+    keys = ["variant", "sequential_head", "block_size", "num_hidden_layers", "markov_rank", "max_steps", "batch_size",
+            "num_anchors", "learning_rate", "warmup_steps", "alpha_ce", "alpha_tv", "alpha_conf", "mixed_precision",
+            "seed"]
+    lines = ["# Training runs", ""]
+    first = next(iter(loaded.values()))
+    data_dir = Path(first["config"]["config"]["data_dir"])
+    summary = _data_summary(data_dir)
+    if summary:
+        lines += [summary, ""]
+    prov = first["config"]["provenance"]
+    lines += [f"Device: {prov['device']}; torch {prov['torch']}; transformers {prov['transformers']}.", "",
+              "| setting | " + " | ".join(loaded) + " |", "|---|" + "---|" * len(loaded)]
+    for key in keys:
+        lines.append(f"| {key} | " + " | ".join(str(r["config"]["config"].get(key)) for r in loaded.values()) + " |")
+    lines.append("| train / held-out examples | " + " | ".join(
+        f"{r['config']['train_examples']} / {r['config']['heldout_examples']}" for r in loaded.values()) + " |")
+    k = max(int(r["config"]["config"]["block_size"]) for r in loaded.values())
+    lines += ["", "Last 50 steps, on training batches (c* = 1 - TV(p_draft, p_target) per slot):", "",
+              "| run | steps | loss | CE | expected tau | " + " | ".join(f"c*@{j + 1}" for j in range(k)) + " |",
+              "|---|---|---|---|---|" + "---|" * k]
+    table = {}
+    for label, r in loaded.items():
+        log = r["log"]
+        row = {"steps": log[-1]["step"], "loss": _tail_mean(log, "loss"), "ce": _tail_mean(log, "ce"),
+               "expected_tau": _tail_mean(log, "expected_tau"),
+               "accept_rate": [_tail_mean(log, f"accept_rate@{j + 1}") for j in range(k)]}
+        table[label] = row
+        lines.append(f"| {label} | {row['steps']} | {row['loss']:.3f} | {row['ce']:.3f} | {row['expected_tau']:.2f} | "
+                     + " | ".join(f"{x:.2f}" for x in row["accept_rate"]) + " |")
+    atomic_write_json(out / "training.json", {"runs": {label: str(f) for label, f in runs.items()}, "summary": table,
+                                              "configs": {label: r["config"] for label, r in loaded.items()}})
+    atomic_write_text(out / "training.md", "\n".join(lines) + "\n")
+    _plot(loaded, out / "training.png")
+    return out
+
+
+def _plot(loaded: dict[str, dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
+    for label, r in loaded.items():
+        steps = [x["step"] for x in r["log"]]
+        axes[0].plot(steps, [x["expected_tau"] for x in r["log"]], label=label, alpha=0.85)
+        axes[1].plot(steps, [x.get("accept_rate@1", float("nan")) for x in r["log"]], label=label, alpha=0.85)
+    axes[0].set(xlabel="step", ylabel="expected tau (training batches)")
+    axes[1].set(xlabel="step", ylabel="c* at slot 1")
+    for ax in axes:
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> Path:
+    parser = argparse.ArgumentParser(prog="dspark-hf training-report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--run", action="append", required=True, metavar="LABEL=FOLDER", help="a training run folder")
+    parser.add_argument("--out", default="results/training")
+    args = parser.parse_args(argv)
+    runs = {}
+    for item in args.run:
+        label, sep, folder = item.partition("=")
+        if not sep or not label or not folder:
+            parser.error(f"--run takes LABEL=FOLDER, got {item!r}")
+        runs[label] = folder
+    out = report(runs, args.out)
+    print((out / "training.md").read_text())
+    return out
