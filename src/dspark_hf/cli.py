@@ -162,7 +162,9 @@ def _calibrate(argv: list[str]) -> None:
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--batch-size", type=int, default=16)
     parser.add_argument("--fit-fraction", type=float, default=0.5,
-                        help="the first part of the prompts fits STS, the rest measures it (1 = fit and report on all)")
+                        help="share of the prompts (a seeded random split) that fits STS; the rest measures it "
+                             "(1 = fit and report on all)")
+    parser.add_argument("--split-seed", type=int, default=0, help="seed of the fit / measure split")
     parser.add_argument("--out", help="write the calibrated drafter here (default: in place)")
     parser.add_argument("--report-dir", help="calibration report folder (default: <drafter>/calibration)")
     args = parser.parse_args(argv)
@@ -173,12 +175,20 @@ def _calibrate(argv: list[str]) -> None:
     drafter.set_sts_temperatures([])
     prompts, _ = read_prompts_jsonl(args.prompts)
     ids = [chat_prompt_ids(tokenizer, p["messages"]) for p in prompts[: args.limit]]
+    # Fit / measure split by a seeded shuffle: prompt files are often sorted by source, and a split by position
+    # would measure on other sources than it fitted on.
+    import random
+
+    order = list(range(len(ids)))
+    random.Random(args.split_seed).shuffle(order)
     n_fit = max(1, round(len(ids) * args.fit_fraction))
-    data = collect_rounds(target, drafter, ids[:n_fit], args.max_new_tokens, args.batch_size,
+    fit_ids = [ids[i] for i in sorted(order[:n_fit])]
+    eval_ids = [ids[i] for i in sorted(order[n_fit:])]
+    data = collect_rounds(target, drafter, fit_ids, args.max_new_tokens, args.batch_size,
                           pad_id=tokenizer.pad_token_id or 0)
     heldout = None
-    if n_fit < len(ids):
-        heldout = collect_rounds(target, drafter, ids[n_fit:], args.max_new_tokens, args.batch_size,
+    if eval_ids:
+        heldout = collect_rounds(target, drafter, eval_ids, args.max_new_tokens, args.batch_size,
                                  pad_id=tokenizer.pad_token_id or 0)
     out = Path(args.out or args.drafter)
     report = calibrate(drafter, data, args.report_dir or out / "calibration", heldout=heldout)

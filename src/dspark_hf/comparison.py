@@ -204,7 +204,7 @@ def to_markdown(comp: Comparison, prov: dict, settings: dict) -> str:
              f"Device: {prov['device']}; torch {prov['torch']}; transformers {prov['transformers']}; commit "
              f"`{prov['git_commit']}`. Greedy decoding. Settings: "
              + ", ".join(f"{k}={v}" for k, v in settings.items()) + ".", "",
-             "## tau (tokens emitted per target forward, bonus included)", "",
+             "### tau (tokens emitted per target forward, bonus included)", "",
              "| data set | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
     for d in comp.datasets:
         cells = [_fmt(getattr(comp.get(m, d), "tau", None)) for m in methods]
@@ -216,7 +216,7 @@ def to_markdown(comp: Comparison, prov: dict, settings: dict) -> str:
     notes = {"hf-dflash": "our DFlash weights through transformers' built-in `speculation_type=\"dflash\"` path",
              "stock-assisted": "transformers' stock assisted generation, draft model as assistant (other target)"}
     lines += [""] + [f"- `{m}`: {notes[m]}; tau on the speed prompts only." for m in methods if m in notes]
-    lines += ["", "## Batch-1 wall-clock speedup over the same target's greedy decoding", "",
+    lines += ["", "### Batch-1 wall-clock speedup over the same target's greedy decoding", "",
               "| data set | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]
     for d in comp.datasets:
         cells = []
@@ -229,7 +229,7 @@ def to_markdown(comp: Comparison, prov: dict, settings: dict) -> str:
                 cells.append(f"{r.speed['speedup']:.2f}x{ok}")
         lines.append(f"| {d} | " + " | ".join(cells) + " |")
     lines += ["", "Every speculative output was identical to its target's own greedy output unless marked.", "",
-              "## Per-position conditional acceptance P(draft k accepted | drafts < k accepted)", "",
+              "### Per-position conditional acceptance P(draft k accepted | drafts < k accepted)", "",
               "| method | data set | " + " | ".join(f"k={k + 1}" for k in range(_max_k(comp))) + " |",
               "|---|---|" + "---|" * _max_k(comp)]
     for r in comp.results:

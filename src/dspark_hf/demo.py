@@ -118,8 +118,8 @@ def main(argv: list[str] | None = None) -> list[DemoRow]:
     parser.add_argument("--toy", action="store_true", help="random toy target + untrained drafter (no download)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--prompt", action="append", help="prompt text (repeatable)")
-    parser.add_argument("--draft-head-dtype", choices=["bfloat16", "float32"], default="bfloat16",
-                        help="LM-head copy the drafter drafts with (bf16 halves its memory reads; still lossless)")
+    parser.add_argument("--draft-head-dtype", choices=["bfloat16", "float32"],
+                        help="draft from a copy of the LM head in this dtype (default: the head itself; lossless)")
     args = parser.parse_args(argv)
     torch.manual_seed(0)
     if args.toy:
@@ -139,7 +139,7 @@ def main(argv: list[str] | None = None) -> list[DemoRow]:
                   f"(block {drafter.config.block_size}, {drafter.config.sequential_head} head)")
         else:
             parser.error(f"no release drafter for {args.target!r}: pass --drafter FOLDER (or use --toy)")
-    drafter.set_draft_head_dtype(getattr(torch, args.draft_head_dtype))
+    drafter.set_draft_head_dtype(getattr(torch, args.draft_head_dtype) if args.draft_head_dtype else None)
     rows = run_demo(target, drafter, tokenizer, args.prompt, args.max_new_tokens)
     print_rows(rows)
     return rows

@@ -33,7 +33,8 @@ SECTIONS = [
      "STS calibration of the DSpark drafter (fit on half of the held-out prompts, measured on the other half)",
      "dspark-hf calibrate --drafter outputs/smollm2-135m-dspark/final --target smollm2-135m-instruct "
      "--prompts data/heldout_prompts.jsonl --limit 96 --fit-fraction 0.5 --max-new-tokens 64 --batch-size 16 "
-     "--report-dir results/calibration_smollm2_dspark"),
+     "--report-dir results/calibration_smollm2_dspark && dspark-hf release --drafter "
+     "outputs/smollm2-135m-dspark/final --target smollm2-135m-instruct"),
     ("compare_smollm2/compare.md",
      "DSpark vs DFlash baseline vs transformers' built-in DFlash path vs stock assisted generation",
      "dspark-hf compare --target smollm2-135m-instruct --drafter dspark=outputs/smollm2-135m-dspark/final "
