@@ -246,3 +246,34 @@ def test_sliding_window_targets_are_refused():
     ids, mask = left_pad(PROMPTS)
     with pytest.raises(ValueError, match="sliding-window"):
         dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=5, policy="fixed")
+
+
+@pytest.mark.parametrize("policy", ["scheduled", "async"])
+def test_idle_backoff_skips_the_drafter_when_the_policy_verifies_nothing(policy):
+    """A drafter whose confidences are ~0: the policy verifies no draft, so after 2 such rounds the loop stops calling
+    the drafter (doubling skips, probing in between). Output is unchanged: plain greedy either way."""
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=4)
+    with torch.no_grad():
+        drafter.confidence_head.proj.weight.zero_()
+        drafter.confidence_head.proj.bias.fill_(-30.0)
+    ids = torch.tensor([[5, 17, 33, 2], [40, 41, 42, 43]])
+    mask = torch.ones_like(ids)
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
+    calls = []
+    original = drafter.draft
+    drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)
+    sps = lambda b: 1.0 / (0.01 * b)  # steps/s: every verified token costs as much as a row
+    runs = {}
+    for backoff in (True, False):
+        calls.clear()
+        out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=40, policy=policy, sps=sps,
+                                 idle_backoff=backoff, record_rounds=True, return_dict_in_generate=True,
+                                 count_round_overhead=False)
+        assert torch.equal(out.sequences, ref)
+        rounds = len(out.rounds)
+        assert all(int(r.lengths.max()) == 0 for r in out.rounds)
+        runs[backoff] = (len(calls), rounds, sum(r.confidence_logits is None for r in out.rounds))
+    (drafted, rounds, skipped), (drafted_off, rounds_off, skipped_off) = runs[True], runs[False]
+    assert drafted_off == rounds_off and skipped_off == 0
+    assert rounds == rounds_off and skipped == rounds - drafted and drafted <= 8 < rounds  # 2 + probes at 2, 4, 8, ...

@@ -194,6 +194,7 @@ def generate(
     hole_budget: int | None = None,
     record_rounds: bool = False,
     count_round_overhead: bool = True,
+    idle_backoff: bool = True,
     **unused: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """Speculative decoding of a left-padded batch with a DSpark drafter. Lossless: greedy output equals each row's
@@ -219,6 +220,11 @@ def generate(
         count_round_overhead: for "scheduled" / "async", add the measured per-round cost outside the target's forward
             (drafting, bookkeeping; a running mean over past rounds) to the cost curve (see
             `scheduler.WithRoundOverhead`). False prices the target forward alone, as the paper's Algorithm 1 does.
+        idle_backoff: for "scheduled" / "async": after 2 consecutive rounds in which the policy verified no draft in
+            any row, skip the drafter for the next rounds (plain decoding through the same loop; the drafter's context
+            is still updated), then draft again to probe; the skip doubles (2, 4, ... 32 rounds) while probes keep
+            choosing nothing and resets when one verifies a draft. Decided from past rounds only, so the output is
+            exactly the same as without it (lossless either way); it only saves the drafter's cost under load.
     """
     started = time.perf_counter()
     attention_mask = _check_inputs(target, input_ids, attention_mask, max_new_tokens, policy, drafter)
@@ -301,22 +307,9 @@ def generate(
 
     finished = emit(first_tokens[:, None], torch.ones(len(active), dtype=torch.long))
 
-    # ---------------------------------------------------------------- rounds
-    while True:
-        if finished.any():
-            keep = (~finished).nonzero().flatten()
-            if len(keep) == 0:
-                break
-            cache.batch_select_indices(keep.to(device))
-            dcache.select_rows(keep.to(drafter.device))
-            kv_valid, next_pos, anchors, active = kv_valid[keep], next_pos[keep], anchors[keep], active[keep]
-        if kv_valid.shape[1] - int(kv_valid.sum(dim=1).max()) > hole_budget:
-            kv_valid = _compact_target_cache(cache, kv_valid)
-            dcache.compact()
-        rows = len(active)
-        round_start = time.perf_counter()
-        block = drafter.draft(dcache, anchors.to(drafter.device), anchor_positions=next_pos.to(drafter.device),
-                              sampling=sampling, generator=generator)
+    def _policy_lengths(block):
+        """The policy's verification lengths for this round's drafts (reads past rounds only)."""
+        nonlocal history, history_rows
         confidences = block.confidences
         stale = None
         if policy == "async" and len(history) >= 2:
@@ -331,10 +324,49 @@ def generate(
         if policy == "async" and confidences is not None:  # only async reads past confidences
             history = (history + [confidences.float().cpu()])[-2:]
             history_rows = (history_rows + [active.clone().cpu()])[-2:]
+        return lengths
+
+    # ---------------------------------------------------------------- rounds
+    backoff = idle_backoff and policy in ("scheduled", "async")
+    idle_streak, skip_left, skip_len = 0, 0, 2
+    while True:
+        if finished.any():
+            keep = (~finished).nonzero().flatten()
+            if len(keep) == 0:
+                break
+            cache.batch_select_indices(keep.to(device))
+            dcache.select_rows(keep.to(drafter.device))
+            kv_valid, next_pos, anchors, active = kv_valid[keep], next_pos[keep], anchors[keep], active[keep]
+        if kv_valid.shape[1] - int(kv_valid.sum(dim=1).max()) > hole_budget:
+            kv_valid = _compact_target_cache(cache, kv_valid)
+            dcache.compact()
+        rows = len(active)
+        round_start = time.perf_counter()
+        skipping = backoff and skip_left > 0
+        if skipping:  # plain decoding round: no drafts, nothing for the policy to choose
+            skip_left -= 1
+            block = None
+            lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        else:
+            block = drafter.draft(dcache, anchors.to(drafter.device), anchor_positions=next_pos.to(drafter.device),
+                                  sampling=sampling, generator=generator)
+            lengths = _policy_lengths(block)
+            if backoff:
+                if int(lengths.max()) == 0:
+                    idle_streak += 1
+                    if idle_streak >= 2:
+                        skip_left, skip_len = skip_len, min(2 * skip_len, 32)
+                else:
+                    idle_streak, skip_len = 0, 2
         budget = (max_new_tokens - 1 - num_generated[active]).clamp(min=0).cpu()
         lengths = torch.minimum(lengths.cpu(), budget).to(device)
         width = 1 + int(lengths.max())
-        drafts = block.tokens[:, : width - 1].to(device)
+        if block is None:
+            drafts = torch.zeros(rows, 0, dtype=torch.long, device=device)
+            draft_logits = None
+        else:
+            drafts = block.tokens[:, : width - 1].to(device)
+            draft_logits = block.logits[:, : width - 1].to(device)
         tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [R, width]; slots past 1 + l_r are padding
         slots = torch.arange(width, device=device)
         step_valid = slots[None, :] < (1 + lengths)[:, None]
@@ -344,7 +376,10 @@ def generate(
         out = target(input_ids=tokens, attention_mask=torch.cat([kv_valid, step_valid], dim=1).long(),
                      position_ids=pos, cache=cache, use_cache=True, output_hidden_states=layer_ids)
         verify_end = time.perf_counter()
-        result = verify(drafts, block.logits[:, : width - 1].to(device), out.logits.float(), sampling,
+        if draft_logits is None:
+            draft_logits = out.logits.new_zeros(rows, 0, out.logits.shape[-1])
+        result = verify(drafts, draft_logits.float() if draft_logits.dtype != torch.float32 else draft_logits,
+                        out.logits.float(), sampling,
                         num_drafts=lengths, generator=generator, pad_token_id=pad_token_id)
         kept = slots[None, :] < (1 + result.num_accepted)[:, None]  # anchor + accepted drafts are now context
         kv_valid = torch.cat([kv_valid, kept], dim=1)
@@ -356,7 +391,8 @@ def generate(
         if record_rounds:
             rounds.append(RoundRecord(
                 rows=active.cpu().clone(),
-                confidence_logits=None if block.confidence_logits is None else block.confidence_logits.float().cpu(),
+                confidence_logits=None if block is None or block.confidence_logits is None
+                else block.confidence_logits.float().cpu(),
                 lengths=lengths.cpu().clone(), accepted=result.num_accepted.cpu().clone()))
         for i, row in enumerate(active.tolist()):
             s = stats[row]
@@ -366,10 +402,10 @@ def generate(
             s.accepted_lengths.append(int(result.num_new[i]))
             s.verify_lengths.append(int(lengths[i]))
         finished = emit(result.tokens, result.num_new)
-        # everything in this round but the target's forward: the per-round overhead the cost curve does not see
-        overhead_total += (time.perf_counter() - round_start) - (verify_end - verify_start)
-        overhead_rounds += 1
-
+        if not skipping:
+            # everything in this round but the target's forward: the per-round overhead the cost curve does not see
+            overhead_total += (time.perf_counter() - round_start) - (verify_end - verify_start)
+            overhead_rounds += 1
     if streamer is not None:
         streamer.end()
     longest = int(num_generated.max())
