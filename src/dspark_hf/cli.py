@@ -33,6 +33,17 @@ def _bench(argv: list[str]) -> None:
     main(argv)
 
 
+def labeled_folders(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, str]:
+    """`LABEL=FOLDER` arguments -> {label: folder}; a malformed one is a parser error naming the flag."""
+    out = {}
+    for item in items:
+        label, sep, folder = item.partition("=")
+        if not sep or not label or not folder:
+            parser.error(f"{flag} takes LABEL=FOLDER, got {item!r}")
+        out[label] = folder
+    return out
+
+
 def _results(argv: list[str]) -> None:
     from .bench.collect import main
 
@@ -254,12 +265,7 @@ def _compare(argv: list[str]) -> None:
                         help="LM-head copy our drafters draft with (default: the target's own head)")
     parser.add_argument("--out", default="outputs/compare")
     args = parser.parse_args(argv)
-    drafters = {}
-    for item in args.drafter:
-        label, sep, folder = item.partition("=")
-        if not sep or not label or not folder:
-            parser.error(f"--drafter takes LABEL=FOLDER, got {item!r}")
-        drafters[label] = folder
+    drafters = labeled_folders(parser, "--drafter", args.drafter)
     stock = None
     if args.stock:
         stock_target, sep, assistant = args.stock.partition(":")

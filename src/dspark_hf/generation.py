@@ -378,9 +378,8 @@ def generate(
         verify_end = time.perf_counter()
         if draft_logits is None:
             draft_logits = out.logits.new_zeros(rows, 0, out.logits.shape[-1])
-        result = verify(drafts, draft_logits.float() if draft_logits.dtype != torch.float32 else draft_logits,
-                        out.logits.float(), sampling,
-                        num_drafts=lengths, generator=generator, pad_token_id=pad_token_id)
+        result = verify(drafts, draft_logits, out.logits.float(), sampling, num_drafts=lengths, generator=generator,
+                        pad_token_id=pad_token_id)
         kept = slots[None, :] < (1 + result.num_accepted)[:, None]  # anchor + accepted drafts are now context
         kv_valid = torch.cat([kv_valid, kept], dim=1)
         peak_columns = max(peak_columns, kv_valid.shape[1])

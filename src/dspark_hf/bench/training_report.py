@@ -121,12 +121,8 @@ def main(argv: list[str] | None = None) -> Path:
     parser.add_argument("--run", action="append", required=True, metavar="LABEL=FOLDER", help="a training run folder")
     parser.add_argument("--out", default="results/training")
     args = parser.parse_args(argv)
-    runs = {}
-    for item in args.run:
-        label, sep, folder = item.partition("=")
-        if not sep or not label or not folder:
-            parser.error(f"--run takes LABEL=FOLDER, got {item!r}")
-        runs[label] = folder
-    out = report(runs, args.out)
+    from ..cli import labeled_folders
+
+    out = report(labeled_folders(parser, "--run", args.run), args.out)
     print((out / "training.md").read_text())
     return out
