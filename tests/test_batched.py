@@ -277,3 +277,33 @@ def test_idle_backoff_skips_the_drafter_when_the_policy_verifies_nothing(policy)
     (drafted, rounds, skipped), (drafted_off, rounds_off, skipped_off) = runs[True], runs[False]
     assert drafted_off == rounds_off and skipped_off == 0
     assert rounds == rounds_off and skipped == rounds - drafted and drafted <= 8 < rounds  # 2 + probes at 2, 4, 8, ...
+
+
+def test_idle_backoff_skips_a_drafter_that_costs_more_than_it_is_expected_to_save():
+    """Confidences ~1 make the policy verify the whole block, but the drafter takes 0.2 s against a 20 ms target
+    forward: with its measured time priced in, drafting is expected to lose to plain decoding, so the loop backs off.
+    The same drafter at no extra cost keeps drafting every round. Output is plain greedy in both runs."""
+    import time
+
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=4)
+    with torch.no_grad():
+        drafter.confidence_head.proj.weight.zero_()
+        drafter.confidence_head.proj.bias.fill_(30.0)
+    ids = torch.tensor([[5, 17, 33, 2], [40, 41, 42, 43]])
+    mask = torch.ones_like(ids)
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)
+    original = drafter.draft
+    sps = lambda b: 1.0 / (0.02 + 0.0001 * b)  # a memory-bound target: a round costs ~20 ms whatever its width
+    runs = {}
+    for delay in (0.0, 0.2):
+        calls = []
+        drafter.draft = lambda *a, _d=delay, **k: calls.append(1) or time.sleep(_d) or original(*a, **k)
+        out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=16, policy="scheduled", sps=sps,
+                                 record_rounds=True, return_dict_in_generate=True)
+        assert torch.equal(out.sequences[:, : ref.shape[1]], ref)
+        drafted = [r for r in out.rounds if r.confidence_logits is not None]
+        assert len(drafted) == len(calls) and int(drafted[0].lengths.min()) == 4  # the policy wants the whole block
+        runs[delay] = (len(calls), len(out.rounds))
+    assert runs[0.0][0] == runs[0.0][1]  # cheap drafter: drafts every round
+    assert runs[0.2][0] <= runs[0.2][1] // 2  # slow drafter: first rounds, then probes only

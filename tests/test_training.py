@@ -8,7 +8,7 @@ import torch
 
 import dspark_hf
 from conftest import learnable_examples, make_drafter, make_target, make_tokenizer
-from dspark_hf.data import GenerationRecipe, generate_responses, read_examples, sample_anchors
+from dspark_hf.data import GenerationRecipe, generate_responses, read_examples, sample_anchors, summarize_data
 from dspark_hf.features import FeatureCache, OnlineFeatures, build_feature_cache
 from dspark_hf.losses import LossWeights, dspark_loss, position_weights
 from dspark_hf.trainer import DSparkTrainer, build_drafter, split_examples
@@ -78,6 +78,13 @@ def test_generate_responses_is_resumable_and_masks_the_answer(tmp_path):
         assert e.loss_mask == [0] * len(prompt_ids) + [1] * (len(e.input_ids) - len(prompt_ids))
     manifest = json.loads((tmp_path / "manifest.json").read_text())
     assert manifest["recipe"]["max_new_tokens"] == 6
+    summary = summarize_data(tmp_path)
+    tokens = sum(len(e.input_ids) for e in examples)
+    answers = sum(sum(e.loss_mask) for e in examples)
+    assert f"6 examples (of 6 prompts), {tokens} tokens of which {answers} answer tokens" in summary
+    assert "max_new_tokens=6" in summary and summary.endswith("By source: t 6.")
+    with pytest.raises(FileNotFoundError, match="manifest"):
+        summarize_data(tmp_path / "nothing")
 
 
 def test_missing_chat_template_is_a_clear_error(tmp_path):

@@ -138,6 +138,7 @@ def _data(argv: list[str]) -> None:
     parser.add_argument("--do-sample", action="store_true")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--report", help="also write a Markdown summary of the data folder to this file")
     args = parser.parse_args(argv)
     prompts, skipped = read_prompts_jsonl(args.prompts, on_error=args.on_error)
     if skipped:
@@ -148,6 +149,14 @@ def _data(argv: list[str]) -> None:
                               temperature=args.temperature, top_p=args.top_p, batch_size=args.batch_size,
                               seed=args.seed, max_prompt_tokens=args.max_prompt_tokens)
     print(generate_responses(target, tokenizer, prompts, args.out, recipe))
+    if args.report:
+        from .data import summarize_data
+        from .provenance import atomic_write_text
+
+        summary = summarize_data(args.out)
+        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(Path(args.report), f"# Training data\n\n{summary}\n")
+        print(summary)
 
 
 def _train(argv: list[str]) -> None:

@@ -81,6 +81,29 @@ def read_examples(data_dir: str | Path) -> list[TokenizedExample]:
     return out
 
 
+def summarize_data(data_dir: str | Path) -> str:
+    """One Markdown paragraph on a data folder: answered prompts out of those asked, tokens, answer tokens, the
+    recipe, and examples per source family. Reads the manifest and the finished shards only."""
+    data_dir = Path(data_dir)
+    manifest = data_dir / "manifest.json"
+    if not manifest.exists():
+        raise FileNotFoundError(f"{data_dir} has no manifest.json; run `dspark-hf data` first")
+    m = json.loads(manifest.read_text())
+    examples = read_examples(data_dir)
+    sources: dict[str, int] = {}
+    for ex in examples:
+        family = ex.source.split("/")[0] or "?"
+        sources[family] = sources.get(family, 0) + 1
+    tokens = sum(len(ex.input_ids) for ex in examples)
+    answers = sum(sum(ex.loss_mask) for ex in examples)
+    recipe = ", ".join(f"{k}={v}" for k, v in m["recipe"].items())
+    asked = m.get("num_prompts")
+    of = f" (of {asked} prompts)" if asked is not None else ""
+    return (f"Data `{data_dir.as_posix()}`: {len(examples)} examples{of}, {tokens} tokens of which {answers} answer "
+            f"tokens (the target's own answers; recipe: {recipe}). By source: "
+            + ", ".join(f"{k} {v}" for k, v in sorted(sources.items())) + ".")
+
+
 def _done_ids(out_dir: Path) -> set[str]:
     done = set()
     for shard in sorted(out_dir.glob("data-*.jsonl")):

@@ -34,7 +34,8 @@ from transformers.utils import ModelOutput
 
 from .drafting import valid_first_order
 from .modeling_dspark import DSparkDrafter
-from .scheduler import POLICIES, WithRoundOverhead, async_lengths, fixed_lengths, schedule_prefix, threshold_lengths
+from .scheduler import (POLICIES, WithRoundOverhead, async_lengths, expected_throughput, fixed_lengths, schedule_prefix,
+                        sps_values, threshold_lengths)
 from .sps import SPSTable, profile_sps, target_fingerprint
 from .verification import SamplingParams, verify
 
@@ -220,11 +221,14 @@ def generate(
         count_round_overhead: for "scheduled" / "async", add the measured per-round cost outside the target's forward
             (drafting, bookkeeping; a running mean over past rounds) to the cost curve (see
             `scheduler.WithRoundOverhead`). False prices the target forward alone, as the paper's Algorithm 1 does.
-        idle_backoff: for "scheduled" / "async": after 2 consecutive rounds in which the policy verified no draft in
-            any row, skip the drafter for the next rounds (plain decoding through the same loop; the drafter's context
-            is still updated), then draft again to probe; the skip doubles (2, 4, ... 32 rounds) while probes keep
-            choosing nothing and resets when one verifies a draft. Decided from past rounds only, so the output is
-            exactly the same as without it (lossless either way); it only saves the drafter's cost under load.
+        idle_backoff: for "scheduled" / "async": after 2 consecutive rounds that did not pay for drafting, skip the
+            drafter for the next rounds (plain decoding through the same loop; the drafter's context is still
+            updated), then draft again to probe; the skip doubles (2, 4, ... 32 rounds) while probes keep not paying
+            and resets when one pays. A round does not pay when the policy verified no draft in any row or, with
+            `count_round_overhead`, when its expected throughput (calibrated confidences, cost curve plus the
+            measured per-round overhead) is below plain decoding's (cost curve plus the overhead without the
+            drafter's measured time). Decided from past rounds only, so the output is exactly the same as without it
+            (lossless either way); it only saves the drafter's cost under load.
     """
     started = time.perf_counter()
     attention_mask = _check_inputs(target, input_ids, attention_mask, max_new_tokens, policy, drafter)
@@ -274,6 +278,7 @@ def generate(
     peak_columns = kv_valid.shape[1]
     rounds: list[RoundRecord] = []
     overhead_total, overhead_rounds = 0.0, 0
+    draft_total = 0.0  # seconds inside drafter.draft over the overhead_rounds
     if streamer is not None:
         streamer.put(input_ids.cpu())
 
@@ -326,6 +331,18 @@ def generate(
             history_rows = (history_rows + [active.clone().cpu()])[-2:]
         return lengths
 
+    def _round_pays(block, lengths: torch.Tensor) -> bool:
+        """Whether drafting this round is expected to beat plain decoding once the drafter's own time is priced."""
+        if int(lengths.max()) == 0:
+            return False
+        if not (count_round_overhead and overhead_rounds and block.confidences is not None):
+            return True
+        overhead = overhead_total / overhead_rounds
+        plain = WithRoundOverhead(sps, max(overhead - draft_total / overhead_rounds, 0.0))
+        drafted = expected_throughput(block.confidences.detach().float().cpu(), lengths.cpu(),
+                                      WithRoundOverhead(sps, overhead))
+        return drafted > rows * float(sps_values(plain, torch.tensor([rows]))[0])
+
     # ---------------------------------------------------------------- rounds
     backoff = idle_backoff and policy in ("scheduled", "async")
     idle_streak, skip_left, skip_len = 0, 0, 2
@@ -348,11 +365,13 @@ def generate(
             block = None
             lengths = torch.zeros(rows, dtype=torch.long, device=device)
         else:
+            draft_start = time.perf_counter()
             block = drafter.draft(dcache, anchors.to(drafter.device), anchor_positions=next_pos.to(drafter.device),
                                   sampling=sampling, generator=generator)
+            draft_seconds = time.perf_counter() - draft_start
             lengths = _policy_lengths(block)
             if backoff:
-                if int(lengths.max()) == 0:
+                if not _round_pays(block, lengths):
                     idle_streak += 1
                     if idle_streak >= 2:
                         skip_left, skip_len = skip_len, min(2 * skip_len, 32)
@@ -405,6 +424,7 @@ def generate(
             # everything in this round but the target's forward: the per-round overhead the cost curve does not see
             overhead_total += (time.perf_counter() - round_start) - (verify_end - verify_start)
             overhead_rounds += 1
+            draft_total += draft_seconds
     if streamer is not None:
         streamer.end()
     longest = int(num_generated.max())

@@ -29,6 +29,10 @@ SECTIONS = [
      "dspark-hf train --config examples/configs/smollm2-135m-dflash.yaml && "
      "dspark-hf training-report --run dspark=outputs/smollm2-135m-dspark --run dflash=outputs/smollm2-135m-dflash "
      "--out results/training_smollm2"),
+    ("data_qwen2.5-coder-0.5b/data.md", "Training data for Qwen2.5-Coder-0.5B-Instruct (a second family)",
+     "dspark-hf fetch-target qwen2.5-coder-0.5b-instruct && dspark-hf data --target qwen2.5-coder-0.5b-instruct "
+     "--prompts data/train_prompts.jsonl --out data/qwen2.5-coder-0.5b --max-new-tokens 128 --batch-size 32 "
+     "--report results/data_qwen2.5-coder-0.5b/data.md"),
     ("calibration_smollm2_dspark/calibration.md",
      "STS calibration of the DSpark drafter (fit on half of the held-out prompts, measured on the other half)",
      "dspark-hf calibrate --drafter outputs/smollm2-135m-dspark/final --target smollm2-135m-instruct "

@@ -14,6 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
+from ..data import summarize_data
 from ..provenance import atomic_write_json, atomic_write_text
 
 
@@ -34,27 +35,6 @@ def _tail_mean(records: list[dict], key: str, last_steps: int = 50) -> float:
     return statistics.mean(vals) if vals else float("nan")
 
 
-def _data_summary(data_dir: Path) -> str:
-    manifest = data_dir / "manifest.json"
-    if not manifest.exists():
-        return ""
-    m = json.loads(manifest.read_text())
-    sources: dict[str, int] = {}
-    tokens = answers = 0
-    for shard in sorted(data_dir.glob("data-*.jsonl")):
-        for line in shard.read_text().splitlines():
-            if line.strip():
-                ex = json.loads(line)
-                family = ex.get("source", "").split("/")[0] or "?"
-                sources[family] = sources.get(family, 0) + 1
-                tokens += len(ex["input_ids"])
-                answers += sum(ex["loss_mask"])
-    recipe = ", ".join(f"{k}={v}" for k, v in m["recipe"].items())
-    return (f"Data `{data_dir}`: {sum(sources.values())} examples, {tokens} tokens of which {answers} answer tokens "
-            f"(the target's own greedy answers; recipe: {recipe}). By source: "
-            + ", ".join(f"{k} {v}" for k, v in sorted(sources.items())) + ".")
-
-
 def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -65,9 +45,8 @@ def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
     lines = ["# Training runs", ""]
     first = next(iter(loaded.values()))
     data_dir = Path(first["config"]["config"]["data_dir"])
-    summary = _data_summary(data_dir)
-    if summary:
-        lines += [summary, ""]
+    if (data_dir / "manifest.json").exists():
+        lines += [summarize_data(data_dir), ""]
     prov = first["config"]["provenance"]
     lines += [f"Device: {prov['device']}; torch {prov['torch']}; transformers {prov['transformers']}.", "",
               "| setting | " + " | ".join(loaded) + " |", "|---|" + "---|" * len(loaded)]
