@@ -47,7 +47,7 @@ SECTIONS = [
      "--speed-prompts 3 --stock-prompts 2 --out results/compare_smollm2"),
     ("bench_smollm2_dspark/bench.md", "Throughput vs concurrency, SmolLM2-135M-Instruct, trained DSpark drafter",
      "dspark-hf bench --target smollm2-135m-instruct --drafter outputs/smollm2-135m-dspark/final "
-     "--concurrency 1 4 16 --max-new-tokens 32 --repeats 2 --out results/bench_smollm2_dspark"),
+     "--concurrency 1 4 16 --max-new-tokens 32 --repeats 3 --out results/bench_smollm2_dspark"),
 ]
 
 
