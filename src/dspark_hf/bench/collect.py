@@ -27,8 +27,9 @@ SECTIONS = [
      "data/train_prompts.jsonl --out data/smollm2-135m --max-new-tokens 128 --batch-size 32 && "
      "dspark-hf train --config examples/configs/smollm2-135m-dspark.yaml && "
      "dspark-hf train --config examples/configs/smollm2-135m-dflash.yaml && "
+     "dspark-hf train --config examples/configs/smollm2-135m-dspark-rnn.yaml && "
      "dspark-hf training-report --run dspark=outputs/smollm2-135m-dspark --run dflash=outputs/smollm2-135m-dflash "
-     "--out results/training_smollm2"),
+     "--run rnn=outputs/smollm2-135m-dspark-rnn --out results/training_smollm2"),
     ("data_qwen2.5-coder-0.5b/data.md", "Training data for Qwen2.5-Coder-0.5B-Instruct (a second family)",
      "dspark-hf fetch-target qwen2.5-coder-0.5b-instruct && dspark-hf data --target qwen2.5-coder-0.5b-instruct "
      "--prompts data/train_prompts.jsonl --out data/qwen2.5-coder-0.5b --max-new-tokens 128 --batch-size 32 "
@@ -45,6 +46,10 @@ SECTIONS = [
      "--drafter dflash=outputs/smollm2-135m-dflash/final --hf-dflash dflash "
      "--stock qwen2.5-coder-1.5b-instruct:qwen2.5-coder-0.5b-instruct --limit 16 --max-new-tokens 64 "
      "--speed-prompts 3 --stock-prompts 2 --out results/compare_smollm2"),
+    ("compare_smollm2_heads/compare.md", "Sequential heads side by side: Markov (DSpark) vs RNN (DSpark) vs none (DFlash)",
+     "dspark-hf compare --target smollm2-135m-instruct --drafter dspark=outputs/smollm2-135m-dspark/final "
+     "--drafter rnn=outputs/smollm2-135m-dspark-rnn/final --drafter dflash=outputs/smollm2-135m-dflash/final "
+     "--limit 16 --max-new-tokens 64 --speed-prompts 0 --out results/compare_smollm2_heads"),
     ("bench_smollm2_dspark/bench.md", "Throughput vs concurrency, SmolLM2-135M-Instruct, trained DSpark drafter",
      "dspark-hf bench --target smollm2-135m-instruct --drafter outputs/smollm2-135m-dspark/final "
      "--concurrency 1 4 16 --max-new-tokens 32 --repeats 3 --out results/bench_smollm2_dspark"),
