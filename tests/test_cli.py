@@ -62,3 +62,25 @@ def test_demo_default_runs_smollm2_with_the_release_drafter(capsys):
     assert len(rows) == 3 and all(r.identical for r in rows)
     assert sum(r.tau for r in rows) / len(rows) > 1.2  # a trained drafter: drafts are accepted
     assert "release DSpark drafter" in capsys.readouterr().out
+
+
+def test_bench_baseline_emits_eos_like_the_speculative_runs():
+    """The bench's plain-decoding baseline generates exactly max_new_tokens with no EOS handling, as the speculative
+    runs (eos_token_id=[]) do. A target whose greedy choice is its EOS token partway through must give the same
+    tokens both ways (with `min_new_tokens` the baseline would suppress EOS and the outputs would differ)."""
+    import torch
+
+    import dspark_hf
+    from conftest import make_drafter, make_target
+    from dspark_hf.bench.throughput import _run_policy
+
+    target = make_target("llama")
+    ids = torch.tensor([[5, 17, 33, 2], [40, 41, 42, 43]])
+    mask = torch.ones_like(ids)
+    plain = target.generate(ids, attention_mask=mask, max_new_tokens=12, do_sample=False)
+    target.generation_config.eos_token_id = int(plain[0, ids.shape[1] + 4])  # a token row 0 emits greedily
+    drafter = make_drafter(target)
+    _, base = _run_policy(target, drafter, ids, mask, "none", 12, None, 0.5, False, 0)
+    _, spec = _run_policy(target, drafter, ids, mask, "fixed", 12, None, 0.5, False, 0)
+    assert base.shape[1] == ids.shape[1] + 12 and torch.equal(base, plain)
+    assert torch.equal(spec.sequences, base)

@@ -53,6 +53,10 @@ SECTIONS = [
     ("bench_smollm2_dspark/bench.md", "Throughput vs concurrency, SmolLM2-135M-Instruct, trained DSpark drafter",
      "dspark-hf bench --target smollm2-135m-instruct --drafter outputs/smollm2-135m-dspark/final "
      "--concurrency 1 4 16 --max-new-tokens 32 --repeats 3 --out results/bench_smollm2_dspark"),
+    ("bench_smollm2_dspark_long/bench.md",
+     "Throughput at concurrency 16 with longer outputs (128 tokens), SmolLM2-135M-Instruct, trained DSpark drafter",
+     "dspark-hf bench --target smollm2-135m-instruct --drafter outputs/smollm2-135m-dspark/final "
+     "--concurrency 16 --max-new-tokens 128 --repeats 2 --out results/bench_smollm2_dspark_long"),
 ]
 
 

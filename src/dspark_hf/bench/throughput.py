@@ -136,9 +136,13 @@ def _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, thresho
     """One timed run; returns (seconds, output or None for no speculation)."""
     start = time.perf_counter()
     if policy == "none":
+        # Exactly max_new_tokens per row with no EOS handling, as the speculative runs (eos_token_id=[]) do: the
+        # stop id is one outside the vocabulary, so no row stops (generate() refills an unset eos_token_id from the
+        # model's config). Not `min_new_tokens`: that suppresses EOS in the target's distribution, so a row whose
+        # greedy choice is EOS would continue differently and the outputs could not be compared.
         with torch.no_grad():
             out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=max_new_tokens,
-                                  do_sample=do_sample, min_new_tokens=max_new_tokens)
+                                  do_sample=do_sample, eos_token_id=int(target.config.vocab_size))
     else:
         out = generate(target, drafter, ids, mask, max_new_tokens=max_new_tokens, policy=policy, sps=sps,
                        threshold=threshold, do_sample=do_sample, eos_token_id=[], return_dict_in_generate=True,
