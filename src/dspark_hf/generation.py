@@ -35,7 +35,7 @@ from transformers.utils import ModelOutput
 from .drafting import valid_first_order
 from .modeling_dspark import DSparkDrafter
 from .scheduler import (POLICIES, WithRoundOverhead, async_lengths, expected_throughput, fixed_lengths, schedule_prefix,
-                        sps_values, threshold_lengths)
+                        threshold_lengths)
 from .sps import SPSTable, profile_sps, target_fingerprint
 from .verification import SamplingParams, verify
 
@@ -312,6 +312,16 @@ def generate(
 
     finished = emit(first_tokens[:, None], torch.ones(len(active), dtype=torch.long))
 
+    def _round_cost(with_drafter: bool = True):
+        """The cost curve the policies price: SPS(B) plus the mean measured per-round overhead of past drafting
+        rounds (`with_drafter=False`: less the drafter's own mean time, i.e. what a plain decoding round pays)."""
+        if not (count_round_overhead and overhead_rounds and policy in ("scheduled", "async")):
+            return sps
+        overhead = overhead_total / overhead_rounds
+        if not with_drafter:
+            overhead = max(overhead - draft_total / overhead_rounds, 0.0)
+        return WithRoundOverhead(sps, overhead)
+
     def _policy_lengths(block):
         """The policy's verification lengths for this round's drafts (reads past rounds only)."""
         nonlocal history, history_rows
@@ -322,10 +332,8 @@ def generate(
             old, old_rows = history[-2], history_rows[-2]
             where = {int(r): i for i, r in enumerate(old_rows.tolist())}
             stale = old[[where[int(r)] for r in active.tolist()]]
-        cost = sps
-        if count_round_overhead and overhead_rounds and policy in ("scheduled", "async"):
-            cost = WithRoundOverhead(sps, overhead_total / overhead_rounds)
-        lengths = _choose_lengths(policy, confidences, block_size, rows, sps=cost, threshold=threshold, stale=stale)
+        lengths = _choose_lengths(policy, confidences, block_size, rows, sps=_round_cost(), threshold=threshold,
+                                  stale=stale)
         if policy == "async" and confidences is not None:  # only async reads past confidences
             history = (history + [confidences.float().cpu()])[-2:]
             history_rows = (history_rows + [active.clone().cpu()])[-2:]
@@ -335,13 +343,11 @@ def generate(
         """Whether drafting this round is expected to beat plain decoding once the drafter's own time is priced."""
         if int(lengths.max()) == 0:
             return False
-        if not (count_round_overhead and overhead_rounds and block.confidences is not None):
+        if not (count_round_overhead and overhead_rounds) or block.confidences is None:
             return True
-        overhead = overhead_total / overhead_rounds
-        plain = WithRoundOverhead(sps, max(overhead - draft_total / overhead_rounds, 0.0))
-        drafted = expected_throughput(block.confidences.detach().float().cpu(), lengths.cpu(),
-                                      WithRoundOverhead(sps, overhead))
-        return drafted > rows * float(sps_values(plain, torch.tensor([rows]))[0])
+        conf, lengths = block.confidences.detach().float().cpu(), lengths.cpu()
+        return (expected_throughput(conf, lengths, _round_cost())
+                > expected_throughput(conf, torch.zeros_like(lengths), _round_cost(with_drafter=False)))
 
     # ---------------------------------------------------------------- rounds
     backoff = idle_backoff and policy in ("scheduled", "async")
