@@ -90,7 +90,7 @@ def make_tokenizer(vocab_size: int = 96, chat_template: str | None = CHAT_TEMPLA
 
 def learnable_examples(target, count: int = 200, prompt_len: int = 8, answer_len: int = 24, seed: int = 0):
     """The target's own greedy answers to random prompts, as training examples (loss mask on the answers)."""
-    from dspark_hf.data import TokenizedExample
+    from dspark_hf.training.data import TokenizedExample
 
     g = torch.Generator().manual_seed(seed)
     prompts = torch.randint(4, target.config.vocab_size, (count, prompt_len), generator=g)

@@ -10,7 +10,7 @@ from transformers.generation.stopping_criteria import StoppingCriteriaList
 import dspark_hf
 from conftest import make_drafter, make_target
 from dspark_hf import DraftBlock, DSparkContextCache, DSparkDrafter
-from dspark_hf.sps import SPSTable
+from dspark_hf.decoding.sps import SPSTable
 from test_generate import Collect, StopAfterToken, exact_joint
 
 POLICIES = ["fixed", "threshold", "scheduled", "async"]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from conftest import learnable_examples, make_drafter, make_target
-from dspark_hf.calibration import (
+from dspark_hf.training.calibration import (
     auroc,
     brier_score,
     calibrate,

@@ -1,9 +1,11 @@
 """The console entry points run end to end on their built-in toy models."""
 
+from pathlib import Path
+
 import pytest
 
 from dspark_hf.cli import main as cli_main
-from dspark_hf.demo import main as demo_main
+from dspark_hf.testbed.demo import main as demo_main
 
 
 def test_demo_runs_and_is_lossless(capsys):
@@ -50,7 +52,14 @@ def test_bench_runs_every_policy_side_by_side(tmp_path):
 def test_results_collects_tables_and_says_what_is_missing(tmp_path):
     (tmp_path / "results" / "bench_toy").mkdir(parents=True)
     (tmp_path / "results" / "bench_toy" / "bench.md").write_text("# title\n\n| a | b |\n|---|---|\n| 1 | 2 |\n")
-    cli_main(["results", "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "RESULTS.md")])
+    import runpy, sys
+
+    script = Path(__file__).resolve().parents[1] / "scripts" / "collect_results.py"
+    argv, sys.argv = sys.argv, [str(script), "--results-dir", str(tmp_path / "results"), "--out", str(tmp_path / "RESULTS.md")]
+    try:
+        runpy.run_path(str(script), run_name="__main__")
+    finally:
+        sys.argv = argv
     text = (tmp_path / "RESULTS.md").read_text()
     assert "| 1 | 2 |" in text and "Not measured yet." in text and "dspark-hf bench --target toy" in text
 
@@ -72,7 +81,7 @@ def test_bench_baseline_emits_eos_like_the_speculative_runs():
 
     import dspark_hf
     from conftest import make_drafter, make_target
-    from dspark_hf.bench.throughput import _run_policy
+    from dspark_hf.evaluation.throughput import _run_policy
 
     target = make_target("llama")
     ids = torch.tensor([[5, 17, 33, 2], [40, 41, 42, 43]])

@@ -5,7 +5,7 @@ import json
 import torch
 
 from conftest import make_drafter, make_target, make_tokenizer, require_package
-from dspark_hf.comparison import compare, count_forwards, forward_counted_tau, write_comparison
+from dspark_hf.evaluation.compare import compare, count_forwards, forward_counted_tau, write_comparison
 
 
 def _greedy(model, n):

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import require_package, make_drafter, make_target, make_tokenizer
-from dspark_hf.evaluation import evaluate_drafter, round_statistics, threshold_sweep, write_results
+from dspark_hf.evaluation.evaluate import evaluate_drafter, round_statistics, threshold_sweep, write_results
 
 
 def test_round_statistics_by_hand():

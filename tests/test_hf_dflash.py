@@ -1,6 +1,6 @@
 """Our DFlash-variant drafter through transformers' built-in DFlash path (`speculation_type="dflash"`).
 
-Pins that the adapter (`dspark_hf.hf_dflash`) is lossless (greedy output = the target's own greedy output), that every
+Pins that the adapter (`dspark_hf.decoding.hf_dflash`) is lossless (greedy output = the target's own greedy output), that every
 round HF drafts exactly the tokens (and logits) our own `drafter.draft` gives for the same context, so acceptance
 through HF's path equals ours, and that drafters with a sequential head are refused.
 """
@@ -13,7 +13,7 @@ from transformers.generation.candidate_generator import DFlashTokenCandidateGene
 
 import dspark_hf
 from conftest import make_drafter, make_target
-from dspark_hf.hf_dflash import DFlashAdapter, dflash_adapter, hf_dflash_generate
+from dspark_hf.decoding.hf_dflash import DFlashAdapter, dflash_adapter, hf_dflash_generate
 
 torch.set_num_threads(1)
 

@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 
 from conftest import make_drafter, make_target
 from dspark_hf import DSparkDrafter
-from dspark_hf.sequential_heads import build_sequential_head
+from dspark_hf.models.sequential_heads import build_sequential_head
 
 
 def target_hidden(target, ids):

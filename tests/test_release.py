@@ -5,7 +5,7 @@ import torch
 
 from conftest import make_drafter, make_target
 from dspark_hf import DSparkDrafter
-from dspark_hf.release import (MAX_RELEASE_BYTES, RELEASES, export_release, folder_bytes, load_release,
+from dspark_hf.testbed.release import (MAX_RELEASE_BYTES, RELEASES, export_release, folder_bytes, load_release,
                                quantize_rows, release_path)
 
 

@@ -5,7 +5,7 @@ import itertools
 import pytest
 import torch
 
-from dspark_hf.scheduler import (
+from dspark_hf.decoding.scheduler import (
     async_lengths,
     expected_throughput,
     fixed_lengths,
@@ -14,7 +14,7 @@ from dspark_hf.scheduler import (
     threshold_lengths,
     token_budget,
 )
-from dspark_hf.verification import rejection_verify
+from dspark_hf.decoding.verification import rejection_verify
 
 
 def table(values: dict[int, float]):
@@ -168,7 +168,7 @@ def test_bad_sps_is_refused():
 
 def test_round_overhead_lengthens_verification():
     """A fixed per-round cost (drafting) makes extra verified tokens relatively cheaper: never shorter lengths."""
-    from dspark_hf.scheduler import WithRoundOverhead
+    from dspark_hf.decoding.scheduler import WithRoundOverhead
 
     g = torch.Generator().manual_seed(0)
     conf = torch.rand(16, 7, generator=g) ** 0.3

@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from dspark_hf import targets
-from dspark_hf.targets import (
+from dspark_hf.testbed import targets
+from dspark_hf.testbed.targets import (
     MANIFEST_NAME,
     ChecksumMismatchError,
     TargetFetchError,

@@ -9,11 +9,11 @@ import torch
 
 import dspark_hf
 from conftest import learnable_examples, make_drafter, make_target, make_tokenizer
-from dspark_hf.data import GenerationRecipe, generate_responses, read_examples, sample_anchors, summarize_data
-from dspark_hf.features import FeatureCache, OnlineFeatures, build_feature_cache
-from dspark_hf.losses import LossWeights, dspark_loss, position_weights
-from dspark_hf.trainer import DSparkTrainer, build_drafter, split_examples
-from dspark_hf.trainer_config import DSparkTrainingConfig, load_training_config
+from dspark_hf.training.data import GenerationRecipe, generate_responses, read_examples, sample_anchors, summarize_data
+from dspark_hf.training.features import FeatureCache, OnlineFeatures, build_feature_cache
+from dspark_hf.training.losses import LossWeights, dspark_loss, position_weights
+from dspark_hf.training.trainer import DSparkTrainer, build_drafter, split_examples
+from dspark_hf.training.config import DSparkTrainingConfig, load_training_config
 
 
 # ---------------------------------------------------------------------------------------------- anchors

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from dspark_hf.training_prompts import (
+from dspark_hf.training.prompts import (
     DEFAULT_GYM_SOURCES,
     GymSource,
     TrainingPromptRecipe,
@@ -70,7 +70,7 @@ def test_disjoint_from_every_evaluation_prompt(built):
     _, prompts = built
     assert eval_overlap(prompts) == []
     # The check has teeth: an evaluation prompt slipped in (whitespace changed) is caught.
-    from dspark_hf.prompt_sets import load_prompt_set
+    from dspark_hf.evaluation.prompt_sets import load_prompt_set
 
     leaked = load_prompt_set("mt_bench", limit=1)[0].user_text
     planted = prompts[:3] + [{"id": "leak", "source": "x", "messages": [{"role": "user", "content": f" {leaked}\n"}]}]

@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from dspark_hf.bench.training_report import report
+from dspark_hf.evaluation.training_report import report
 
 
 def _run(folder, variant, taus):

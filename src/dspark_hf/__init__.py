@@ -3,24 +3,24 @@
 `import dspark_hf` registers the `dspark` model type with `AutoConfig` / `AutoModel` and lets
 `target.generate(**inputs, assistant_model=drafter)` use a `DSparkDrafter` (batch size 1). Batches go through
 `dspark_hf.generate(target, drafter, ...)` (or `target.generate(..., custom_generate=dspark_hf.speculative_generate,
-drafter=drafter)`), with confidence-scheduled verification. Training lives in `dspark_hf.trainer`, calibration in
-`dspark_hf.calibration`, evaluation in `dspark_hf.evaluation`; real targets in `dspark_hf.targets`.
+drafter=drafter)`), with confidence-scheduled verification. Training lives in `dspark_hf.training.trainer`, calibration in
+`dspark_hf.training.calibration`, evaluation in `dspark_hf.evaluation.evaluate`; real targets in `dspark_hf.testbed.targets`.
 """
 
 from __future__ import annotations
 
 from transformers import AutoConfig, AutoModel
 
-from .candidate_generator import DSparkCandidateGenerator, SpeculationStats, install_generate_hook
-from .configuration_dspark import DSparkConfig
-from .drafting import DraftBlock, DSparkContextCache
-from .generation import DSparkGenerateOutput, RowStats, generate, speculative_generate
-from .calibration import expected_calibration_error, fit_sts
-from .scheduler import async_lengths, prefix_survival, schedule_prefix, threshold_lengths
-from .sps import SPSTable, profile_sps
-from .modeling_dspark import DSparkDrafter, DSparkOutput
-from .hf_dflash import dflash_adapter, hf_dflash_generate
-from .verification import (
+from .decoding.candidate_generator import DSparkCandidateGenerator, SpeculationStats, install_generate_hook
+from .models.configuration_dspark import DSparkConfig
+from .models.drafting import DraftBlock, DSparkContextCache
+from .decoding.batched import DSparkGenerateOutput, RowStats, generate, speculative_generate
+from .training.calibration import expected_calibration_error, fit_sts
+from .decoding.scheduler import async_lengths, prefix_survival, schedule_prefix, threshold_lengths
+from .decoding.sps import SPSTable, profile_sps
+from .models.modeling_dspark import DSparkDrafter, DSparkOutput
+from .decoding.hf_dflash import dflash_adapter, hf_dflash_generate
+from .decoding.verification import (
     SamplingParams,
     VerificationResult,
     greedy_verify,

@@ -1,15 +1,14 @@
 """The `dspark-hf` command: thin subcommands over library functions.
 
-    dspark-hf demo        speculative vs target-only generation, side by side (dspark_hf.demo)
-    dspark-hf prompts     build training prompts from non-evaluation sources (dspark_hf.training_prompts)
-    dspark-hf data        the target answers the prompts: training data (dspark_hf.data)
-    dspark-hf train       train a drafter (dspark_hf.trainer; `accelerate launch` for many GPUs)
-    dspark-hf calibrate   STS calibration, written into the drafter's config (dspark_hf.calibration)
-    dspark-hf eval        tau, per-position acceptance, threshold sweep, speedup, quality (dspark_hf.evaluation)
-    dspark-hf bench       throughput vs concurrency per verification policy (dspark_hf.bench.throughput)
-    dspark-hf bench-head  cost of the sequential head vs the parallel forward (dspark_hf.bench.head_cost)
-    dspark-hf fetch-target  download and convert a registered target model (dspark_hf.targets)
-    dspark-hf results     assemble RESULTS.md from the measurement tables under results/ (dspark_hf.bench.collect)
+    dspark-hf demo        speculative vs target-only generation, side by side (dspark_hf.testbed.demo)
+    dspark-hf prompts     build training prompts from non-evaluation sources (dspark_hf.training.prompts)
+    dspark-hf data        the target answers the prompts: training data (dspark_hf.training.data)
+    dspark-hf train       train a drafter (dspark_hf.training.trainer; `accelerate launch` for many GPUs)
+    dspark-hf calibrate   STS calibration, written into the drafter's config (dspark_hf.training.calibration)
+    dspark-hf eval        tau, per-position acceptance, threshold sweep, speedup, quality (dspark_hf.evaluation.evaluate)
+    dspark-hf bench       throughput vs concurrency per verification policy (dspark_hf.evaluation.throughput)
+    dspark-hf bench-head  cost of the sequential head vs the parallel forward (dspark_hf.evaluation.head_cost)
+    dspark-hf fetch-target  download and convert a registered target model (dspark_hf.testbed.targets)
 """
 
 from __future__ import annotations
@@ -22,13 +21,13 @@ from typing import Callable
 
 
 def _demo(argv: list[str]) -> None:
-    from .demo import main
+    from .testbed.demo import main
 
     main(argv)
 
 
 def _bench(argv: list[str]) -> None:
-    from .bench.throughput import main
+    from .evaluation.throughput import main
 
     main(argv)
 
@@ -44,26 +43,20 @@ def labeled_folders(parser: argparse.ArgumentParser, flag: str, items: list[str]
     return out
 
 
-def _results(argv: list[str]) -> None:
-    from .bench.collect import main
-
-    main(argv)
-
-
 def _training_report(argv: list[str]) -> None:
-    from .bench.training_report import main
+    from .evaluation.training_report import main
 
     main(argv)
 
 
 def _bench_head(argv: list[str]) -> None:
-    from .bench.head_cost import main
+    from .evaluation.head_cost import main
 
     main(argv)
 
 
 def _fetch_target(argv: list[str]) -> None:
-    from .targets import fetch_target, list_targets
+    from .testbed.targets import fetch_target, list_targets
 
     parser = argparse.ArgumentParser(prog="dspark-hf fetch-target")
     parser.add_argument("name", choices=list_targets())
@@ -73,7 +66,7 @@ def _fetch_target(argv: list[str]) -> None:
 
 
 def _prompts(argv: list[str]) -> None:
-    from .training_prompts import TrainingPromptRecipe, build_training_prompts, count_by_source, write_jsonl
+    from .training.prompts import TrainingPromptRecipe, build_training_prompts, count_by_source, write_jsonl
 
     parser = argparse.ArgumentParser(prog="dspark-hf prompts", description="build training prompts (no eval sets)")
     parser.add_argument("--out", required=True, help="JSONL file to write")
@@ -86,7 +79,7 @@ def _prompts(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     prompts = build_training_prompts(TrainingPromptRecipe(seed=args.seed, skip_missing=args.skip_missing))
     if args.exclude:
-        from .training_prompts import read_prompts_jsonl
+        from .training.prompts import read_prompts_jsonl
 
         seen = {m["content"] for path in args.exclude for p in read_prompts_jsonl(path)[0] for m in p["messages"]}
         prompts = [p for p in prompts if not any(m["content"] in seen for m in p["messages"])]
@@ -122,9 +115,9 @@ def _prompts(argv: list[str]) -> None:
 
 
 def _data(argv: list[str]) -> None:
-    from .data import GenerationRecipe, generate_responses
-    from .targets import load_target
-    from .training_prompts import read_prompts_jsonl
+    from .training.data import GenerationRecipe, generate_responses
+    from .testbed.targets import load_target
+    from .training.prompts import read_prompts_jsonl
 
     parser = argparse.ArgumentParser(prog="dspark-hf data", description="the target answers the prompts")
     parser.add_argument("--target", required=True, help="registry name or folder of the target")
@@ -150,7 +143,7 @@ def _data(argv: list[str]) -> None:
                               seed=args.seed, max_prompt_tokens=args.max_prompt_tokens)
     print(generate_responses(target, tokenizer, prompts, args.out, recipe))
     if args.report:
-        from .data import summarize_data
+        from .training.data import summarize_data
         from .provenance import atomic_write_text
 
         summary = summarize_data(args.out)
@@ -160,19 +153,19 @@ def _data(argv: list[str]) -> None:
 
 
 def _train(argv: list[str]) -> None:
-    from .trainer import train_from_config
-    from .trainer_config import load_training_config
+    from .training.trainer import train_from_config
+    from .training.config import load_training_config
 
     config = load_training_config(argv)
     print(train_from_config(config))
 
 
 def _calibrate(argv: list[str]) -> None:
-    from .calibration import calibrate, collect_rounds
-    from .data import chat_prompt_ids
-    from .modeling_dspark import DSparkDrafter
-    from .targets import load_target
-    from .training_prompts import read_prompts_jsonl
+    from .training.calibration import calibrate, collect_rounds
+    from .training.data import chat_prompt_ids
+    from .models.modeling_dspark import DSparkDrafter
+    from .testbed.targets import load_target
+    from .training.prompts import read_prompts_jsonl
 
     parser = argparse.ArgumentParser(prog="dspark-hf calibrate", description="STS calibration of a drafter")
     parser.add_argument("--drafter", required=True)
@@ -226,9 +219,9 @@ def _calibrate(argv: list[str]) -> None:
 
 
 def _eval(argv: list[str]) -> None:
-    from .evaluation import evaluate_drafter, write_results
-    from .modeling_dspark import DSparkDrafter
-    from .targets import load_target
+    from .evaluation.evaluate import evaluate_drafter, write_results
+    from .models.modeling_dspark import DSparkDrafter
+    from .testbed.targets import load_target
 
     parser = argparse.ArgumentParser(prog="dspark-hf eval", description="evaluate a drafter on prompt sets")
     parser.add_argument("--drafter", required=True)
@@ -253,7 +246,7 @@ def _eval(argv: list[str]) -> None:
 def _compare(argv: list[str]) -> None:
     import torch
 
-    from .comparison import compare, write_comparison
+    from .evaluation.compare import compare, write_comparison
 
     parser = argparse.ArgumentParser(prog="dspark-hf compare",
                                      description="drafting methods side by side: tau, acceptance, batch-1 speedup")
@@ -289,7 +282,7 @@ def _compare(argv: list[str]) -> None:
 
 
 def _release(argv: list[str]) -> None:
-    from .release import RELEASE_DIR, RELEASES, export_release, folder_bytes
+    from .testbed.release import RELEASE_DIR, RELEASES, export_release, folder_bytes
 
     parser = argparse.ArgumentParser(prog="dspark-hf release",
                                      description="write a trained drafter as the package's release drafter (bf16)")
@@ -313,7 +306,6 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
     "bench-head": (_bench_head, "time the sequential head against the parallel forward"),
     "release": (_release, "write a trained drafter as the package's release drafter"),
     "fetch-target": (_fetch_target, "download and convert a registered target model"),
-    "results": (_results, "assemble RESULTS.md from the tables under results/"),
 }
 
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from ..modeling_dspark import DSparkDrafter
-from ..verification import SamplingParams
+from ..models.modeling_dspark import DSparkDrafter
+from ..decoding.verification import SamplingParams
 from ..provenance import atomic_write_json, atomic_write_text, provenance
 
 # name -> (hidden, vocab, heads, kv heads, intermediate, draft layers)

@@ -25,11 +25,11 @@ from typing import Any
 
 import torch
 
-from ..drafting import DraftBlock, DSparkContextCache
-from ..generation import generate
-from ..modeling_dspark import DSparkDrafter
+from ..models.drafting import DraftBlock, DSparkContextCache
+from ..decoding.batched import generate
+from ..models.modeling_dspark import DSparkDrafter
 from ..provenance import atomic_write_json, atomic_write_text, provenance
-from ..sps import SPSTable, profile_sps
+from ..decoding.sps import SPSTable, profile_sps
 
 POLICY_NAMES = ("none", "fixed", "threshold", "scheduled", "async")
 
@@ -118,7 +118,7 @@ def _prompts(target, tokenizer, concurrency: int, seed: int, prompt_set: str | N
         lengths = [16 + int(torch.randint(0, 48, (1,), generator=g)) for _ in range(concurrency)]
         rows = [torch.randint(1, target.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
     else:
-        from ..prompt_sets import load_prompt_set
+        from .prompt_sets import load_prompt_set
 
         items = load_prompt_set(prompt_set or "mt_bench")
         rows = []
@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     if args.target in TOY_SIZES:
         target = _toy_target(args.seed, args.target)
     else:
-        from ..targets import load_target
+        from ..testbed.targets import load_target
 
         target, tokenizer = load_target(args.target)
     simulated = args.drafter == "simulated"

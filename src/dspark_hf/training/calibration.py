@@ -228,7 +228,7 @@ def collect_rounds(target, drafter, prompt_ids: Sequence[Sequence[int]], max_new
                    batch_size: int = 16, do_sample: bool = False, temperature: float = 1.0, pad_id: int = 0,
                    progress: bool = True) -> RoundData:
     """Runs full-block verification on the prompts and records every round's raw confidences and outcome."""
-    from .generation import generate
+    from ..decoding.batched import generate
 
     if drafter.confidence_head is None:
         raise ValueError("this drafter has no confidence head: nothing to calibrate")
@@ -306,7 +306,7 @@ def calibrate(drafter, data: RoundData, out_dir: str | Path | None = None, n_bin
                                                             n_bins)],
     }
     if out_dir is not None:
-        from .provenance import atomic_write_json, atomic_write_text
+        from ..provenance import atomic_write_json, atomic_write_text
 
         out_dir = Path(out_dir)
         atomic_write_json(out_dir / "calibration.json", report)

@@ -21,8 +21,8 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .data import TokenizedExample
-from .provenance import atomic_write_json
-from .sps import target_fingerprint
+from ..provenance import atomic_write_json
+from ..decoding.sps import target_fingerprint
 
 
 @dataclass
@@ -85,7 +85,7 @@ class FeatureCache:
         manifest_path = self.dir / "manifest.json"
         if not manifest_path.exists():
             raise FileNotFoundError(f"{cache_dir} is not a feature cache (no manifest.json); build one with "
-                                    "dspark_hf.features.build_feature_cache")
+                                    "dspark_hf.training.features.build_feature_cache")
         self.manifest = json.loads(manifest_path.read_text())
         if target is not None and self.manifest["target_fingerprint"] != target_fingerprint(target):
             raise ValueError(f"feature cache {cache_dir} was built for target {self.manifest['target_fingerprint']}, "

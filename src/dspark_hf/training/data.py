@@ -19,7 +19,7 @@ from typing import Any, Iterable, Iterator
 
 import torch
 
-from .provenance import atomic_write_json, atomic_write_text, provenance
+from ..provenance import atomic_write_json, atomic_write_text, provenance
 
 
 @dataclass

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from .provenance import atomic_write_json, device_description, provenance
+from ..provenance import atomic_write_json, device_description, provenance
 
 
 def target_fingerprint(target: PreTrainedModel) -> str:

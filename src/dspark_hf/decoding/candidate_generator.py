@@ -22,7 +22,7 @@ import torch
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.utils import GenerationMixin
 
-from .modeling_dspark import DSparkDrafter
+from ..models.modeling_dspark import DSparkDrafter
 
 # Stopping criteria of the running `_assisted_decoding` call, handed to our candidate generator (see install_generate_hook).
 _STOPPING_CRITERIA: contextvars.ContextVar[Any] = contextvars.ContextVar("dspark_stopping_criteria", default=None)

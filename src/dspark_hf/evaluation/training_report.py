@@ -14,7 +14,7 @@ import json
 import statistics
 from pathlib import Path
 
-from ..data import summarize_data
+from ..training.data import summarize_data
 from ..provenance import atomic_write_json, atomic_write_text
 
 

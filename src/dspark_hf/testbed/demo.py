@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
-from .modeling_dspark import DSparkDrafter
+from ..models.modeling_dspark import DSparkDrafter
 
 DEFAULT_PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",

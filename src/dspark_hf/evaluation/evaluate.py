@@ -1,6 +1,6 @@
 """Drafter evaluation: tau per data set, per-position acceptance, threshold sweep, speedup, quality guard.
 
-For each prompt set (see `dspark_hf.prompt_sets`), greedy decoding with full-block verification (`policy="fixed"`)
+For each prompt set (see `dspark_hf.evaluation.prompt_sets`), greedy decoding with full-block verification (`policy="fixed"`)
 records every round; from those rounds:
 
 * tau: mean tokens emitted per round, bonus token included (max block_size + 1);
@@ -27,8 +27,8 @@ from typing import Any, Sequence
 
 import torch
 
-from .generation import generate
-from .provenance import atomic_write_json, atomic_write_text, provenance
+from ..decoding.batched import generate
+from ..provenance import atomic_write_json, atomic_write_text, provenance
 
 MATH_SETS = ("math500", "aime", "gsm_symbolic")
 THRESHOLDS = [0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -74,7 +74,7 @@ def threshold_sweep(confidences: torch.Tensor, accepted: torch.Tensor, threshold
 
 
 def _encode(tokenizer, messages) -> list[int]:
-    from .data import chat_prompt_ids
+    from ..training.data import chat_prompt_ids
 
     return chat_prompt_ids(tokenizer, messages)
 

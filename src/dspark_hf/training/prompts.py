@@ -361,7 +361,7 @@ def eval_overlap(prompts: list[dict[str, Any]], prompt_sets: tuple[str, ...] | N
 
     Compares against each evaluation prompt's chat text and its raw problem text (`prompt` / `question` metadata).
     """
-    from .prompt_sets import PROMPT_SETS, load_prompt_set, prompt_set_available
+    from ..evaluation.prompt_sets import PROMPT_SETS, load_prompt_set, prompt_set_available
 
     forbidden: set[str] = set()
     for name in prompt_sets or PROMPT_SETS:
@@ -379,7 +379,7 @@ def eval_overlap(prompts: list[dict[str, Any]], prompt_sets: tuple[str, ...] | N
 
 def write_jsonl(path: str | os.PathLike, prompts: list[dict[str, Any]]) -> None:
     """Writes prompts as JSON lines, atomically (a temporary file, then `os.replace`)."""
-    from .provenance import atomic_write_text
+    from ..provenance import atomic_write_text
 
     atomic_write_text(path, "".join(json.dumps(prompt) + "\n" for prompt in prompts))
 

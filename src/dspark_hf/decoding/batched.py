@@ -32,8 +32,8 @@ from transformers import DynamicCache, PreTrainedModel
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 from transformers.utils import ModelOutput
 
-from .drafting import valid_first_order
-from .modeling_dspark import DSparkDrafter
+from ..models.drafting import valid_first_order
+from ..models.modeling_dspark import DSparkDrafter
 from .scheduler import (POLICIES, WithRoundOverhead, async_lengths, expected_throughput, fixed_lengths, schedule_prefix,
                         threshold_lengths)
 from .sps import SPSTable, profile_sps, target_fingerprint

@@ -1,4 +1,4 @@
-"""`dspark-hf results`: gathers the Markdown tables that the committed scripts wrote under `results/` into RESULTS.md.
+"""`python scripts/collect_results.py`: gathers the Markdown tables that the committed scripts wrote under `results/` into RESULTS.md.
 
 Each section names the command that regenerates it. Nothing here measures anything; it only assembles, so every
 number in RESULTS.md comes from a run of one of those commands (JSON with provenance sits next to each table).
@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..provenance import atomic_write_text
+from dspark_hf.provenance import atomic_write_text
 
 SECTIONS = [
     ("head_cost/head_cost.md", "Sequential head vs parallel forward (issue: foundation)",
@@ -63,7 +63,7 @@ SECTIONS = [
 def collect(results_dir: str | Path = "results", out: str | Path = "RESULTS.md") -> Path:
     results_dir = Path(results_dir)
     parts = ["# Results", "",
-             "Assembled by `dspark-hf results` from the tables the commands below wrote under `results/` (each with a "
+             "Assembled by `python scripts/collect_results.py` from the tables the commands below wrote under `results/` (each with a "
              "JSON file of provenance: commit, versions, device). Machine: a shared 2-core x86_64 CPU VM with no GPU; "
              "timings are noisy there, so every speed figure is a ratio measured side by side in one run.", ""]
     for rel, title, command in SECTIONS:
@@ -82,7 +82,7 @@ def collect(results_dir: str | Path = "results", out: str | Path = "RESULTS.md")
 
 
 def main(argv: list[str] | None = None) -> Path:
-    parser = argparse.ArgumentParser(prog="dspark-hf results", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="scripts/collect_results.py", description=__doc__.split("\n\n")[0])
     parser.add_argument("--results-dir", default="results")
     parser.add_argument("--out", default="RESULTS.md")
     parser.add_argument("--rerun", action="store_true",
@@ -98,3 +98,7 @@ def main(argv: list[str] | None = None) -> Path:
     path = collect(args.results_dir, args.out)
     print(f"wrote {path}")
     return path
+
+
+if __name__ == "__main__":
+    main()

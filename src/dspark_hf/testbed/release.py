@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-RELEASE_DIR = Path(__file__).resolve().parent / "release"
+RELEASE_DIR = Path(__file__).resolve().parent / "releases"
 MAX_RELEASE_BYTES = 40_000_000
 # registered target name -> release folder name
 RELEASES: dict[str, str] = {"smollm2-135m-instruct": "smollm2-135m-instruct-dspark"}
@@ -47,8 +47,8 @@ def load_release(path: str | Path, target=None, dtype: torch.dtype = torch.float
     """A `DSparkDrafter` from a release folder (int8 Markov rows dequantized), in `dtype`, bound to `target` if given."""
     from safetensors.torch import load_file
 
-    from .configuration_dspark import DSparkConfig
-    from .modeling_dspark import DSparkDrafter
+    from ..models.configuration_dspark import DSparkConfig
+    from ..models.modeling_dspark import DSparkDrafter
 
     path = Path(path)
     try:
@@ -96,7 +96,7 @@ def export_release(drafter_dir: str | Path, out_dir: str | Path, dtype: torch.dt
     replaced only after the new one is complete."""
     from safetensors.torch import save_file
 
-    from .modeling_dspark import DSparkDrafter
+    from ..models.modeling_dspark import DSparkDrafter
 
     drafter = DSparkDrafter.from_pretrained(drafter_dir, dtype=torch.float32)
     tensors = {}

@@ -1,6 +1,6 @@
 """Side-by-side comparison of drafting methods on the evaluation prompt sets, in one run.
 
-For each prompt set (`dspark_hf.prompt_sets`) and each method, greedy decoding gives:
+For each prompt set (`dspark_hf.evaluation.prompt_sets`) and each method, greedy decoding gives:
 
 * tau: tokens emitted per target verification forward (bonus token included);
 * for our drafters, per-position conditional acceptance (full-block verification, all `limit` prompts, batched);
@@ -9,9 +9,9 @@ For each prompt set (`dspark_hf.prompt_sets`) and each method, greedy decoding g
 
 Methods:
 
-* each of our drafters (`label=folder`, e.g. `dspark=...`, `dflash=...`): `dspark_hf.evaluation.evaluate_drafter`;
+* each of our drafters (`label=folder`, e.g. `dspark=...`, `dflash=...`): `dspark_hf.evaluation.evaluate.evaluate_drafter`;
 * `hf-dflash`: one of our DFlash-variant drafters run through transformers' built-in DFlash path
-  (`speculation_type="dflash"`, see `dspark_hf.hf_dflash`); tau counted from its target forwards, on the speed prompts;
+  (`speculation_type="dflash"`, see `dspark_hf.decoding.hf_dflash`); tau counted from its target forwards, on the speed prompts;
 * `stock-assisted`: transformers' stock assisted generation with its default settings, a draft *model* as assistant
   (Qwen2.5-Coder-1.5B-Instruct target + 0.5B assistant by default); tau = new tokens / target forwards, on the
   speed prompts. Its speedup is relative to *its own* target decoding alone.
@@ -30,7 +30,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import torch
 
-from .provenance import atomic_write_json, atomic_write_text, provenance
+from ..provenance import atomic_write_json, atomic_write_text, provenance
 
 
 @dataclass
@@ -136,11 +136,11 @@ def compare(target_name: str, drafters: dict[str, str], datasets: Sequence[str],
         draft_head_dtype: `DSparkDrafter.set_draft_head_dtype` for all our drafters (not the built-in DFlash path,
             which applies the target's head itself).
     """
-    from .data import chat_prompt_ids
-    from .evaluation import evaluate_drafter
-    from .modeling_dspark import DSparkDrafter
+    from ..training.data import chat_prompt_ids
+    from .evaluate import evaluate_drafter
+    from ..models.modeling_dspark import DSparkDrafter
     from .prompt_sets import load_prompt_set
-    from .targets import load_target
+    from ..testbed.targets import load_target
 
     if hf_dflash is not None and hf_dflash not in drafters:
         raise ValueError(f"hf_dflash={hf_dflash!r} must name one of the drafters {sorted(drafters)}")
@@ -158,7 +158,7 @@ def compare(target_name: str, drafters: dict[str, str], datasets: Sequence[str],
         stock_models = (stock_target, stock_tok, stock_assistant)
     adapter = None
     if hf_dflash is not None:
-        from .hf_dflash import dflash_adapter
+        from ..decoding.hf_dflash import dflash_adapter
 
         adapter = dflash_adapter(loaded[hf_dflash], target)
     for name in datasets:

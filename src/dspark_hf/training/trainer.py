@@ -24,13 +24,13 @@ from typing import Sequence
 
 import torch
 
-from .configuration_dspark import DSparkConfig
+from ..models.configuration_dspark import DSparkConfig
 from .data import TokenizedExample, read_examples, sample_anchors
 from .features import FeatureBatch, FeatureCache, OnlineFeatures, build_feature_cache
 from .losses import LossOutput, LossWeights, dspark_loss
-from .modeling_dspark import DSparkDrafter
-from .provenance import atomic_write_json, provenance
-from .trainer_config import DSparkTrainingConfig
+from ..models.modeling_dspark import DSparkDrafter
+from ..provenance import atomic_write_json, provenance
+from .config import DSparkTrainingConfig
 
 
 def is_heldout(example_id: str, fraction: float) -> bool:
@@ -258,7 +258,7 @@ class DSparkTrainer:
 
 def train_from_config(config: DSparkTrainingConfig, progress: bool = True) -> Path:
     """Loads the target and the data named in `config` and trains (what `dspark-hf train` runs)."""
-    from .targets import load_target
+    from ..testbed.targets import load_target
 
     target, _ = load_target(config.target)
     examples = read_examples(config.data_dir)

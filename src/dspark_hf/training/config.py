@@ -16,7 +16,7 @@ VARIANTS = ("dspark", "dflash")
 @dataclass
 class DSparkTrainingConfig:
     # ---- what to train
-    target: str = field(default="", metadata={"help": "target model: a registry name (see dspark_hf.targets) or a local folder"})
+    target: str = field(default="", metadata={"help": "target model: a registry name (see dspark_hf.testbed.targets) or a local folder"})
     data_dir: str = field(default="", metadata={"help": "folder written by `dspark-hf data` (data-*.jsonl shards)"})
     output_dir: str = field(default="outputs/drafter", metadata={"help": "checkpoints, logs and the final drafter go here"})
     feature_cache: str | None = field(default=None, metadata={"help": "offline target-feature cache folder (built on first use); empty = online features"})

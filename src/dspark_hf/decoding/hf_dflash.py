@@ -44,8 +44,8 @@ from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig, PreTrainedModel
 from transformers.modeling_outputs import BaseModelOutputWithPast
 
-from .drafting import DSparkContextCache
-from .modeling_dspark import DSparkDrafter
+from ..models.drafting import DSparkContextCache
+from ..models.modeling_dspark import DSparkDrafter
 
 __all__ = ["DFlashAdapter", "DFlashAdapterConfig", "HFDFlashStats", "dflash_adapter", "hf_dflash_generate"]
 
