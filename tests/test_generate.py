@@ -7,50 +7,10 @@ import math
 
 import pytest
 import torch
-from transformers.generation.stopping_criteria import StoppingCriteria, StoppingCriteriaList
-from transformers.generation.streamers import BaseStreamer
+from transformers.generation.stopping_criteria import StoppingCriteriaList
 
-from conftest import make_drafter, make_target
-from dspark_hf import DraftBlock, DSparkDrafter, warp_logits
-
-
-def greedy_continuation(target, ids: torch.Tensor, n: int) -> torch.Tensor:
-    """The target's own greedy next `n` tokens after `ids` [1, L] (no cache: tiny models only)."""
-    out = ids
-    with torch.no_grad():
-        for _ in range(n):
-            out = torch.cat([out, target(out).logits[:, -1].argmax(-1, keepdim=True)], dim=-1)
-    return out[:, ids.shape[1]:]
-
-
-class OracleDrafter(DSparkDrafter):
-    """Test drafter: proposes the target's own greedy continuation for its first `correct` slots, then wrong tokens.
-
-    With correct >= block_size every draft is accepted; otherwise each round accepts exactly `correct` drafts.
-    """
-
-    def setup(self, target, correct: int) -> "OracleDrafter":
-        object.__setattr__(self, "_oracle", target)  # not a submodule
-        self.correct = correct
-        self.prefix_lengths: list[int] = []
-        return self
-
-    def draft(self, cache, anchor_ids, *, prefix_ids=None, num_drafts=None, **kwargs) -> DraftBlock:
-        k = num_drafts or self.config.block_size
-        self.prefix_lengths.append(prefix_ids.shape[1])
-        tokens = greedy_continuation(self._oracle, prefix_ids, k)
-        wrong = (tokens + 1) % self.config.vocab_size
-        tokens = torch.where(torch.arange(k)[None] < self.correct, tokens, wrong)
-        logits = torch.nn.functional.one_hot(tokens, self.config.vocab_size).float() * 20
-        return DraftBlock(tokens=tokens, logits=logits, confidences=torch.full(tokens.shape, 0.9))
-
-
-def oracle_for(target, correct: int, block_size: int = 4) -> OracleDrafter:
-    base = make_drafter(target, block_size=block_size)
-    oracle = OracleDrafter(base.config)
-    oracle.load_state_dict(base.state_dict())
-    oracle.bind_target(target)
-    return oracle.setup(target, correct).eval()
+from conftest import (Collect, StopAfterToken, bias_markov_head, exact_joint, greedy_continuation, make_drafter,
+                      make_target, oracle_for)
 
 
 PROMPTS = [[5, 17, 33, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7]]
@@ -89,8 +49,21 @@ def test_greedy_with_forced_acceptance_length(target, correct):
     stats = oracle.last_speculation_stats
     assert stats.rounds == len(oracle.prefix_lengths)
     assert all(a == min(correct, p) for a, p in zip(stats.accepted, stats.proposed)), stats
-    full_rounds = [a for a, p in zip(stats.accepted, stats.proposed) if p == 4]
-    assert full_rounds and stats.mean_accepted_length >= 1.0
+    # Hand count: after the prefill's token 29 remain; a round proposes min(4, remaining - 1) drafts (the budget's last
+    # token is always the target's own), accepts min(correct, proposed) of them and emits one more; once nothing is
+    # left to propose, the last token is a plain decoding step, not a verification round.
+    accepted, proposed, remaining = [], [], 29
+    while remaining > 1:
+        p = min(4, remaining - 1)
+        accepted.append(min(correct, p))
+        proposed.append(p)
+        remaining -= accepted[-1] + 1
+    assert (stats.accepted, stats.proposed) == (accepted, proposed)
+    assert proposed.count(4) > 0  # full-block rounds took place
+    # tau exactly: always rejected -> 1.0; always accepted -> 5 per round but the last, capped one (4): 29 / 6
+    expected_tau = {0: 1.0, 1: 2.0, 2: 29 / 10, 3: 4.0, 4: 29 / 6}[correct]
+    assert stats.mean_accepted_length == pytest.approx(expected_tau)
+    assert stats.mean_accepted_length == pytest.approx(sum(a + 1 for a in accepted) / len(accepted))
 
 
 def test_all_accepted_drafter_needs_few_rounds(target):
@@ -98,7 +71,8 @@ def test_all_accepted_drafter_needs_few_rounds(target):
     ids = torch.tensor([PROMPTS[0]])
     out = target.generate(ids, assistant_model=oracle, max_new_tokens=30, do_sample=False)
     assert torch.equal(out, target.generate(ids, max_new_tokens=30, do_sample=False))
-    assert len(oracle.prefix_lengths) <= math.ceil(29 / 5)  # first token from prefill, then 5 per round
+    assert len(oracle.prefix_lengths) == math.ceil(29 / 5)  # first token from prefill, then 5 per round (last: 4)
+    assert oracle.last_speculation_stats.accepted == [4, 4, 4, 4, 4, 3]
 
 
 @pytest.mark.parametrize("max_new_tokens", [1, 2, 7, 11, 13])
@@ -124,14 +98,6 @@ def test_eos_inside_a_block(target, eos_index):
     assert torch.equal(ref, out)
 
 
-class StopAfterToken(StoppingCriteria):
-    def __init__(self, token: int) -> None:
-        self.token = token
-
-    def __call__(self, input_ids, scores, **kwargs):
-        return input_ids[:, -1] == self.token
-
-
 @pytest.mark.parametrize("stop_index", [2, 5, 9])
 def test_custom_stopping_criteria_stop_exactly_where_plain_decoding_stops(target, stop_index):
     ids = torch.tensor([PROMPTS[1]])
@@ -143,18 +109,6 @@ def test_custom_stopping_criteria_stop_exactly_where_plain_decoding_stops(target
                           stopping_criteria=StoppingCriteriaList([StopAfterToken(stop)]))
     assert ref[0, -1].item() == stop
     assert torch.equal(ref, out)
-
-
-class Collect(BaseStreamer):
-    def __init__(self) -> None:
-        self.chunks: list[list[int]] = []
-        self.ended = False
-
-    def put(self, value):
-        self.chunks.append(value.reshape(-1).tolist())
-
-    def end(self):
-        self.ended = True
 
 
 def test_streamer_receives_every_token_once(target, drafter):
@@ -179,17 +133,6 @@ def test_other_assistants_are_untouched(target):
 
 
 # --------------------------------------------------------------------------------------------- sampling is lossless
-def exact_joint(target, prompt, n_tokens, temperature, top_k, top_p) -> torch.Tensor:
-    """P(x_1..x_n | prompt) over all V^n sequences, enumerated, with the same processing as generate()."""
-    v = target.config.vocab_size
-    seqs = torch.tensor(list(itertools.product(range(v), repeat=n_tokens)))  # [V^n, n]
-    ids = torch.cat([torch.tensor(prompt).expand(len(seqs), -1), seqs], dim=1)
-    with torch.no_grad():
-        logits = target(ids).logits[:, len(prompt) - 1: -1]  # [V^n, n, V]
-    probs = torch.softmax(warp_logits(logits, temperature, top_k, top_p), dim=-1)
-    return probs.gather(2, seqs[..., None]).squeeze(-1).prod(dim=1)
-
-
 @pytest.mark.parametrize("temperature, top_k, top_p, candidates, head_dtype",
                          [(0.8, None, None, None, None), (1.3, 3, 0.9, None, None), (1.0, None, None, 2, None),
                           (0.8, None, None, None, torch.bfloat16)])
@@ -199,9 +142,8 @@ def test_sampling_matches_the_target_distribution(temperature, top_k, top_p, can
     same number of runs. Drafts are far from the target (checked), so a lossy verifier would not pass. With
     `draft_candidates=2` the draft distribution is zero outside each slot's 2 candidates: still lossless."""
     target = make_target("llama", vocab_size=4, seed=3, sharpen=6.0)
-    drafter = make_drafter(target, block_size=3, markov_rank=4, seed=4, draft_candidates=candidates)
-    with torch.no_grad():  # a strong transition bias: drafts far from the target, dependent on the previous draft
-        drafter.markov_head.markov_w2.weight.normal_(0.0, 8.0, generator=torch.Generator().manual_seed(0))
+    # a strong transition bias: drafts far from the target, dependent on the previous draft
+    drafter = bias_markov_head(make_drafter(target, block_size=3, markov_rank=4, seed=4, draft_candidates=candidates))
     drafter.set_draft_head_dtype(head_dtype)  # bf16: drafts from a low-precision head copy, verified against it
     prompt, n_runs, n_tokens = [1, 2, 3, 1], 2500, 3
     exact = exact_joint(target, prompt, n_tokens, temperature, top_k, top_p)

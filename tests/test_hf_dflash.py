@@ -12,14 +12,10 @@ import torch
 from transformers.generation.candidate_generator import DFlashTokenCandidateGenerator
 
 import dspark_hf
-from conftest import make_drafter, make_target
+from conftest import dflash_drafter, make_drafter, make_target
 from dspark_hf.decoding.hf_dflash import DFlashAdapter, dflash_adapter, hf_dflash_generate
 
 torch.set_num_threads(1)
-
-
-def dflash_drafter(target, **overrides):
-    return make_drafter(target, sequential_head="none", confidence_head=False, **overrides)
 
 
 def prompts(count: int = 3, length: int = 9, vocab: int = 96):

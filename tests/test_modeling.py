@@ -11,26 +11,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from conftest import make_drafter, make_target
+from conftest import cached_draft, make_drafter, make_target, target_hidden
 from dspark_hf import DSparkDrafter
 from dspark_hf.models.sequential_heads import build_sequential_head
-
-
-def target_hidden(target, ids):
-    with torch.no_grad():
-        out = target(ids, output_hidden_states=True)
-    return out.hidden_states
-
-
-def cached_draft(drafter, target, ids, anchor_pos, chunks=(None,), **kw):
-    """Draft at `anchor_pos` of `ids` [1, T] after appending the context rows in `chunks` pieces."""
-    hs = target_hidden(target, ids)
-    feats = drafter.context_features(hs)[:, :anchor_pos]
-    cache = drafter.new_cache()
-    bounds = [0, *[c for c in chunks if c is not None], anchor_pos]
-    for lo, hi in zip(bounds[:-1], bounds[1:]):
-        drafter.append_context(cache, feats[:, lo:hi], torch.arange(lo, hi)[None])
-    return drafter.draft(cache, ids[:, anchor_pos], **kw)
 
 
 @pytest.mark.parametrize("head", ["markov", "gated_markov", "rnn", "none"])

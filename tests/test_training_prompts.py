@@ -172,3 +172,79 @@ def test_reader_raises_with_the_line_number(tmp_path):
         read_prompts_jsonl(path, on_error="raise")
     with pytest.raises(ValueError, match="on_error"):
         read_prompts_jsonl(path, on_error="ignore")
+
+
+# ------------------------------------------------------------- `dspark-hf prompts --limit / --exclude` (library side)
+
+FAMILY_COUNTS = {"reasoning_gym/gcd": 6, "reasoning_gym/lcm": 2, "reasoning_gym_code/count_bits": 5, "codeio": 1,
+                 "python_docs": 4, "chatterbot": 3, "fortunes": 9}
+
+
+def _family_prompts() -> list[dict]:
+    return [{"id": f"{source}/{i}", "source": source, "messages": [{"role": "user", "content": f"{source} {i}"}]}
+            for source, count in FAMILY_COUNTS.items() for i in range(count)]
+
+
+def test_prompt_family_of_each_source():
+    from dspark_hf.training.prompts import prompt_family
+
+    assert [prompt_family(s) for s in FAMILY_COUNTS] == ["math", "math", "code", "code", "code", "chat", "chat"]
+    assert prompt_family("something_new") == "chat"
+
+
+def test_sample_by_family_pins_the_quota_round_robin_and_output():
+    from dspark_hf.training.prompts import sample_by_family
+
+    prompts = _family_prompts()
+    picked = sample_by_family(prompts, 10, seed=7)
+    # 10 over 3 families (sorted: chat, code, math) -> quotas 4, 3, 3; round robin across each family's sources
+    assert count_by_source(picked) == {"chatterbot": 2, "codeio": 1, "fortunes": 2, "python_docs": 1,
+                                       "reasoning_gym/gcd": 2, "reasoning_gym/lcm": 1,
+                                       "reasoning_gym_code/count_bits": 1}
+    # the exact output of the former inline code of `dspark-hf prompts` for this input and seed
+    assert [p["id"] for p in picked] == [
+        "chatterbot/0", "chatterbot/2", "codeio/0", "fortunes/1", "fortunes/5", "python_docs/2",
+        "reasoning_gym/gcd/2", "reasoning_gym/gcd/5", "reasoning_gym/lcm/1", "reasoning_gym_code/count_bits/3"]
+    assert [p["id"] for p in picked] == sorted(p["id"] for p in picked)
+    assert prompts == _family_prompts()  # the input list is not reordered
+
+
+def test_sample_by_family_is_deterministic_and_fills_from_larger_sources():
+    from dspark_hf.training.prompts import sample_by_family
+
+    prompts = _family_prompts()
+    assert sample_by_family(prompts, 10, seed=7) == sample_by_family(_family_prompts(), 10, seed=7)
+    assert sample_by_family(prompts, 10, seed=7) != sample_by_family(prompts, 10, seed=8)
+    # quotas 6 / 5 / 5: a source that runs out gives all it has, the others of its family fill in
+    counts = count_by_source(sample_by_family(prompts, 16, seed=0))
+    assert counts == {"chatterbot": 3, "codeio": 1, "fortunes": 3, "python_docs": 2, "reasoning_gym/gcd": 3,
+                      "reasoning_gym/lcm": 2, "reasoning_gym_code/count_bits": 2}
+    # no limit, or one at least the number of prompts: unchanged, same order
+    assert sample_by_family(prompts, None) == prompts
+    assert sample_by_family(prompts, len(prompts)) == prompts
+    with pytest.raises(ValueError, match="limit"):
+        sample_by_family(prompts, -1)
+
+
+def test_exclude_prompts_drops_exact_message_matches(tmp_path):
+    from dspark_hf.training.prompts import exclude_prompts
+
+    prompts = _family_prompts()
+    held = tmp_path / "train.jsonl"
+    write_jsonl(held, [prompts[0], {"id": "x", "source": None, "messages": [{"role": "user", "content": "codeio 0"}]}])
+    kept = exclude_prompts(prompts, [held])
+    assert [p["id"] for p in kept] == [p["id"] for p in prompts if p["id"] not in (prompts[0]["id"], "codeio/0")]
+    assert exclude_prompts(prompts, []) == prompts
+
+
+def test_write_training_prompts_excludes_samples_and_writes(tmp_path, monkeypatch):
+    from dspark_hf.training import prompts as module
+
+    monkeypatch.setattr(module, "build_training_prompts", lambda recipe: _family_prompts())
+    held = tmp_path / "held.jsonl"
+    write_jsonl(held, _family_prompts()[:1])
+    out = tmp_path / "prompts.jsonl"
+    written = module.write_training_prompts(out, TrainingPromptRecipe(seed=7), limit=10, exclude=[held])
+    expected = module.sample_by_family(module.exclude_prompts(_family_prompts(), [held]), 10, 7)
+    assert written == expected and len(written) == 10
+    assert [p["id"] for p in read_prompts_jsonl(out)[0]] == [p["id"] for p in expected]

@@ -14,7 +14,7 @@ from transformers import AutoConfig, AutoModel
 from .decoding.candidate_generator import DSparkCandidateGenerator, SpeculationStats, install_generate_hook
 from .models.configuration_dspark import DSparkConfig
 from .models.drafting import DraftBlock, DSparkContextCache
-from .decoding.batched import DSparkGenerateOutput, RowStats, generate, speculative_generate
+from .decoding.batched import DSparkGenerateOutput, RowStats, SPSCache, generate, speculative_generate
 from .training.calibration import expected_calibration_error, fit_sts
 from .decoding.scheduler import async_lengths, prefix_survival, schedule_prefix, threshold_lengths
 from .decoding.sps import SPSTable, profile_sps
@@ -38,6 +38,7 @@ install_generate_hook()
 __all__ = [
     "DSparkGenerateOutput",
     "RowStats",
+    "SPSCache",
     "SPSTable",
     "async_lengths",
     "expected_calibration_error",

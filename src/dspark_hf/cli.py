@@ -1,24 +1,48 @@
 """The `dspark-hf` command: thin subcommands over library functions.
 
-    dspark-hf demo        speculative vs target-only generation, side by side (dspark_hf.testbed.demo)
-    dspark-hf prompts     build training prompts from non-evaluation sources (dspark_hf.training.prompts)
-    dspark-hf data        the target answers the prompts: training data (dspark_hf.training.data)
-    dspark-hf train       train a drafter (dspark_hf.training.trainer; `accelerate launch` for many GPUs)
-    dspark-hf calibrate   STS calibration, written into the drafter's config (dspark_hf.training.calibration)
-    dspark-hf eval        tau, per-position acceptance, threshold sweep, speedup, quality (dspark_hf.evaluation.evaluate)
-    dspark-hf bench       throughput vs concurrency per verification policy (dspark_hf.evaluation.throughput)
-    dspark-hf bench-head  cost of the sequential head vs the parallel forward (dspark_hf.evaluation.head_cost)
-    dspark-hf fetch-target  download and convert a registered target model (dspark_hf.testbed.targets)
+    dspark-hf demo            speculative vs target-only generation, side by side (dspark_hf.testbed.demo)
+    dspark-hf prompts         training prompts from non-evaluation sources (training.prompts.write_training_prompts)
+    dspark-hf data            the target answers the prompts: training data (training.data.build_training_data)
+    dspark-hf train           train a drafter (training.trainer.train_from_config; `accelerate launch` for many GPUs)
+    dspark-hf training-report training runs side by side, from their logs (dspark_hf.evaluation.training_report)
+    dspark-hf calibrate       STS calibration, written into the drafter (training.calibration.calibrate_drafter)
+    dspark-hf eval            tau, acceptance, threshold sweep, speedup, quality (evaluation.evaluate.run_evaluation)
+    dspark-hf compare         drafting methods side by side (evaluation.compare.run_comparison)
+    dspark-hf bench           throughput vs concurrency per verification policy (dspark_hf.evaluation.throughput)
+    dspark-hf bench-head      cost of the sequential head vs the parallel forward (dspark_hf.evaluation.head_cost)
+    dspark-hf release         a trained drafter as the package's release drafter (testbed.release.export_target_release)
+    dspark-hf fetch-target    download and convert a registered target model (testbed.targets.fetch_target)
+    dspark-hf --version       prints `dspark-hf <version>`
+
+Each subcommand parses its arguments in one place and calls one library function. `demo`, `bench`, `bench-head`
+and `training-report` keep their parser in their own module (`main(argv)`, also runnable as `python -m ...`); this
+module forwards their arguments unchanged. The others are parsed here.
+
+Output: the results a command produces (tables, the folder it wrote, a summary line) go to stdout. Progress and
+diagnostics come from the library's loggers (`transformers.utils.logging.get_logger(__name__)`, i.e. plain
+`logging` loggers under `dspark_hf`). transformers' default verbosity (WARNING) would hide their progress lines, so
+`main` calls `dspark_hf.logging_utils.configure_logging()`: the `dspark_hf` loggers (only those; transformers keeps
+its own verbosity, `TRANSFORMERS_VERBOSITY`) go to stderr as `[dspark_hf.module] message` at level INFO, so a user
+sees e.g. `[dspark_hf.testbed.targets] ... ready in ...` and the per-batch progress of `eval`, `compare` and
+`bench`. `DSPARK_HF_VERBOSITY` (`debug`, `info`, `warning`, `error`) changes that level. Long loops (data
+generation, calibration rounds, downloads) show tqdm bars on stderr. Used as a library, nothing is configured: the
+loggers follow the application's logging setup (Python's default shows warnings only).
 """
 
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 from pathlib import Path
 from typing import Callable
 
+from .evaluation.labels import labeled_folders
+from .logging_utils import VERBOSITY_ENV, configure_logging
+
+__all__ = ["COMMANDS", "main"]
+
+
+# ------------------------------------------------------------------------------ subcommands with their own parser
 
 def _demo(argv: list[str]) -> None:
     from .testbed.demo import main
@@ -32,15 +56,10 @@ def _bench(argv: list[str]) -> None:
     main(argv)
 
 
-def labeled_folders(parser: argparse.ArgumentParser, flag: str, items: list[str]) -> dict[str, str]:
-    """`LABEL=FOLDER` arguments -> {label: folder}; a malformed one is a parser error naming the flag."""
-    out = {}
-    for item in items:
-        label, sep, folder = item.partition("=")
-        if not sep or not label or not folder:
-            parser.error(f"{flag} takes LABEL=FOLDER, got {item!r}")
-        out[label] = folder
-    return out
+def _bench_head(argv: list[str]) -> None:
+    from .evaluation.head_cost import main
+
+    main(argv)
 
 
 def _training_report(argv: list[str]) -> None:
@@ -49,76 +68,39 @@ def _training_report(argv: list[str]) -> None:
     main(argv)
 
 
-def _bench_head(argv: list[str]) -> None:
-    from .evaluation.head_cost import main
-
-    main(argv)
-
+# ---------------------------------------------------------------------------------- subcommands parsed here
 
 def _fetch_target(argv: list[str]) -> None:
     from .testbed.targets import fetch_target, list_targets
 
-    parser = argparse.ArgumentParser(prog="dspark-hf fetch-target")
+    parser = argparse.ArgumentParser(prog="dspark-hf fetch-target",
+                                     description="download and convert a registered target model (once)")
     parser.add_argument("name", choices=list_targets())
-    parser.add_argument("--force", action="store_true")
+    parser.add_argument("--force", action="store_true", help="fetch and convert again even if cached")
     args = parser.parse_args(argv)
     print(fetch_target(args.name, force=args.force))
 
 
 def _prompts(argv: list[str]) -> None:
-    from .training.prompts import TrainingPromptRecipe, build_training_prompts, count_by_source, write_jsonl
-
     parser = argparse.ArgumentParser(prog="dspark-hf prompts", description="build training prompts (no eval sets)")
     parser.add_argument("--out", required=True, help="JSONL file to write")
     parser.add_argument("--seed", type=int, default=1234)
     parser.add_argument("--limit", type=int, help="keep this many prompts: a third each from math, code and chat "
                                                   "sources, evenly across the sources of each family")
     parser.add_argument("--skip-missing", action="store_true", help="skip sources that are not installed")
+    parser.add_argument("--scale", type=float, default=1.0,
+                        help="ask every source for this many times its default count (before --limit)")
     parser.add_argument("--exclude", action="append", default=[],
                         help="JSONL of prompts to leave out (e.g. the training set, when building held-out prompts)")
     args = parser.parse_args(argv)
-    prompts = build_training_prompts(TrainingPromptRecipe(seed=args.seed, skip_missing=args.skip_missing))
-    if args.exclude:
-        from .training.prompts import read_prompts_jsonl
+    from .training.prompts import TrainingPromptRecipe, count_by_source, write_training_prompts
 
-        seen = {m["content"] for path in args.exclude for p in read_prompts_jsonl(path)[0] for m in p["messages"]}
-        prompts = [p for p in prompts if not any(m["content"] in seen for m in p["messages"])]
-    if args.limit and args.limit < len(prompts):
-        import random
-
-        def family(source: str) -> str:
-            if source.startswith("reasoning_gym_code") or source in ("codeio", "python_docs"):
-                return "code"
-            return "math" if source.startswith("reasoning_gym") else "chat"
-
-        rng = random.Random(args.seed)
-        picked = []
-        families = sorted({family(p["source"]) for p in prompts})
-        for f_index, fam in enumerate(families):
-            quota = args.limit // len(families) + (f_index < args.limit % len(families))
-            by_source: dict[str, list] = {}
-            for p in prompts:
-                if family(p["source"]) == fam:
-                    by_source.setdefault(p["source"], []).append(p)
-            for rows in by_source.values():
-                rng.shuffle(rows)
-            taken, i = [], 0
-            while len(taken) < quota and any(i < len(r) for r in by_source.values()):  # round robin
-                for rows in by_source.values():
-                    if i < len(rows) and len(taken) < quota:
-                        taken.append(rows[i])
-                i += 1
-            picked += taken
-        prompts = sorted(picked, key=lambda p: p["id"])
-    write_jsonl(args.out, prompts)
+    prompts = write_training_prompts(args.out, TrainingPromptRecipe(seed=args.seed, skip_missing=args.skip_missing).scaled(args.scale),
+                                     limit=args.limit or None, exclude=args.exclude)
     print(f"wrote {len(prompts)} prompts to {args.out}: {count_by_source(prompts)}")
 
 
 def _data(argv: list[str]) -> None:
-    from .training.data import GenerationRecipe, generate_responses
-    from .testbed.targets import load_target
-    from .training.prompts import read_prompts_jsonl
-
     parser = argparse.ArgumentParser(prog="dspark-hf data", description="the target answers the prompts")
     parser.add_argument("--target", required=True, help="registry name or folder of the target")
     parser.add_argument("--prompts", required=True, help="JSONL with 'messages' (or 'prompt') per line")
@@ -131,42 +113,33 @@ def _data(argv: list[str]) -> None:
     parser.add_argument("--do-sample", action="store_true")
     parser.add_argument("--temperature", type=float, default=1.0)
     parser.add_argument("--top-p", type=float, default=1.0)
+    parser.add_argument("--shard-size", type=int, default=256, help="prompts per shard (the unit of resumption)")
+    parser.add_argument("--compress", action="store_true", help="gzip the shards (data-*.jsonl.gz)")
     parser.add_argument("--report", help="also write a Markdown summary of the data folder to this file")
     args = parser.parse_args(argv)
-    prompts, skipped = read_prompts_jsonl(args.prompts, on_error=args.on_error)
-    if skipped:
-        print(f"skipped {skipped} broken line(s) of {args.prompts}")
-    prompts = prompts[: args.limit] if args.limit else prompts
-    target, tokenizer = load_target(args.target)
+    from .training.data import GenerationRecipe, build_training_data
+
     recipe = GenerationRecipe(max_new_tokens=args.max_new_tokens, do_sample=args.do_sample,
                               temperature=args.temperature, top_p=args.top_p, batch_size=args.batch_size,
-                              seed=args.seed, max_prompt_tokens=args.max_prompt_tokens)
-    print(generate_responses(target, tokenizer, prompts, args.out, recipe))
-    if args.report:
-        from .training.data import summarize_data
-        from .provenance import atomic_write_text
-
-        summary = summarize_data(args.out)
-        Path(args.report).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_text(Path(args.report), f"# Training data\n\n{summary}\n")
-        print(summary)
+                              seed=args.seed, max_prompt_tokens=args.max_prompt_tokens, shard_size=args.shard_size,
+                              compress=args.compress)
+    built = build_training_data(args.target, args.prompts, args.out, recipe, limit=args.limit,
+                                on_error=args.on_error, report=args.report)
+    print(built.out_dir)
+    if built.summary is not None:
+        print(built.summary)
 
 
 def _train(argv: list[str]) -> None:
-    from .training.trainer import train_from_config
     from .training.config import load_training_config
 
-    config = load_training_config(argv)
+    config = load_training_config(argv, prog="dspark-hf train")
+    from .training.trainer import train_from_config
+
     print(train_from_config(config))
 
 
 def _calibrate(argv: list[str]) -> None:
-    from .training.calibration import calibrate, collect_rounds
-    from .training.data import chat_prompt_ids
-    from .models.modeling_dspark import DSparkDrafter
-    from .testbed.targets import load_target
-    from .training.prompts import read_prompts_jsonl
-
     parser = argparse.ArgumentParser(prog="dspark-hf calibrate", description="STS calibration of a drafter")
     parser.add_argument("--drafter", required=True)
     parser.add_argument("--target", required=True)
@@ -183,46 +156,16 @@ def _calibrate(argv: list[str]) -> None:
     args = parser.parse_args(argv)
     if not 0 < args.fit_fraction <= 1:
         parser.error(f"--fit-fraction must be in (0, 1], got {args.fit_fraction}")
-    target, tokenizer = load_target(args.target)
-    drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).eval()
-    drafter.set_sts_temperatures([])
-    prompts, _ = read_prompts_jsonl(args.prompts)
-    ids = [chat_prompt_ids(tokenizer, p["messages"]) for p in prompts[: args.limit]]
-    # Fit / measure split by a seeded shuffle: prompt files are often sorted by source, and a split by position
-    # would measure on other sources than it fitted on.
-    import random
+    from .training.calibration import calibrate_drafter, calibration_summary
 
-    order = list(range(len(ids)))
-    random.Random(args.split_seed).shuffle(order)
-    n_fit = max(1, round(len(ids) * args.fit_fraction))
-    fit_ids = [ids[i] for i in sorted(order[:n_fit])]
-    eval_ids = [ids[i] for i in sorted(order[n_fit:])]
-    data = collect_rounds(target, drafter, fit_ids, args.max_new_tokens, args.batch_size,
-                          pad_id=tokenizer.pad_token_id or 0)
-    heldout = None
-    if eval_ids:
-        heldout = collect_rounds(target, drafter, eval_ids, args.max_new_tokens, args.batch_size,
-                                 pad_id=tokenizer.pad_token_id or 0)
-    out = Path(args.out or args.drafter)
-    report = calibrate(drafter, data, args.report_dir or out / "calibration", heldout=heldout)
-    tmp = out.parent / f".{out.name}.calibrating"
-    shutil.rmtree(tmp, ignore_errors=True)
-    drafter.save_pretrained(tmp)
-    for item in tmp.iterdir():  # replace the drafter files, keep anything else in the folder
-        item.replace(out / item.name)
-    tmp.rmdir()
-    before, after = report["pooled_before"], report["pooled_after"]
-    print(f"STS temperatures {['%.3f' % t for t in report['temperatures']]}; on {report['evaluated_on']}: "
-          f"ECE {before['ece']:.4f} -> "
-          f"{after['ece']:.4f}, AUROC {before['auroc']:.3f} -> {after['auroc']:.3f}, Brier {before['brier']:.4f} -> "
-          f"{after['brier']:.4f}; written to {out}")
+    report = calibrate_drafter(args.drafter, args.target, None, args.prompts, limit=args.limit,
+                               max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                               fit_fraction=args.fit_fraction, split_seed=args.split_seed, out=args.out,
+                               report_dir=args.report_dir)
+    print(calibration_summary(report, Path(args.out or args.drafter)))
 
 
 def _eval(argv: list[str]) -> None:
-    from .evaluation.evaluate import evaluate_drafter, write_results
-    from .models.modeling_dspark import DSparkDrafter
-    from .testbed.targets import load_target
-
     parser = argparse.ArgumentParser(prog="dspark-hf eval", description="evaluate a drafter on prompt sets")
     parser.add_argument("--drafter", required=True)
     parser.add_argument("--target", required=True)
@@ -234,20 +177,14 @@ def _eval(argv: list[str]) -> None:
     parser.add_argument("--no-quality", action="store_true", help="skip the task-accuracy guard")
     parser.add_argument("--out", default="outputs/eval")
     args = parser.parse_args(argv)
-    target, tokenizer = load_target(args.target)
-    drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).eval()
-    results = evaluate_drafter(target, drafter, tokenizer, args.datasets.split(","), args.limit, args.max_new_tokens,
-                               args.batch_size, args.speed_prompts, not args.no_quality)
-    label = f"drafter={args.drafter}, target={args.target}, max_new_tokens={args.max_new_tokens}"
-    out = write_results(results, args.out, label, target.device, {"args": vars(args)})
+    from .evaluation.evaluate import run_evaluation
+
+    out = run_evaluation(args.drafter, args.target, args.datasets.split(","), args.limit, args.max_new_tokens,
+                         args.batch_size, args.speed_prompts, not args.no_quality, args.out, settings=vars(args))
     print((out / "eval.md").read_text())
 
 
 def _compare(argv: list[str]) -> None:
-    import torch
-
-    from .evaluation.compare import compare, write_comparison
-
     parser = argparse.ArgumentParser(prog="dspark-hf compare",
                                      description="drafting methods side by side: tau, acceptance, batch-1 speedup")
     parser.add_argument("--target", required=True)
@@ -268,28 +205,32 @@ def _compare(argv: list[str]) -> None:
     parser.add_argument("--out", default="outputs/compare")
     args = parser.parse_args(argv)
     drafters = labeled_folders(parser, "--drafter", args.drafter)
+    from .evaluation.compare import parse_stock_pair, run_comparison
+
     stock = None
     if args.stock:
-        stock_target, sep, assistant = args.stock.partition(":")
-        if not sep or not stock_target or not assistant:
-            parser.error(f"--stock takes TARGET:ASSISTANT, got {args.stock!r}")
-        stock = (stock_target, assistant)
-    comp = compare(args.target, drafters, args.datasets.split(","), args.limit, args.max_new_tokens, args.batch_size,
-                   args.speed_prompts, args.hf_dflash, stock, args.stock_prompts,
-                   getattr(torch, args.draft_head_dtype) if args.draft_head_dtype else None)
-    out = write_comparison(comp, args.out, {k: v for k, v in vars(args).items() if v is not None})
+        try:
+            stock = parse_stock_pair(args.stock, "--stock")
+        except ValueError as error:
+            parser.error(str(error))
+    out = run_comparison(args.target, drafters, args.datasets.split(","), args.out,
+                         {k: v for k, v in vars(args).items() if v is not None},
+                         draft_head_dtype=args.draft_head_dtype, limit=args.limit,
+                         max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
+                         speed_prompts=args.speed_prompts, hf_dflash=args.hf_dflash, stock=stock,
+                         stock_prompts=args.stock_prompts)
     print((out / "compare.md").read_text())
 
 
 def _release(argv: list[str]) -> None:
-    from .testbed.release import RELEASE_DIR, RELEASES, export_release, folder_bytes
+    from .testbed.release import RELEASES, export_target_release, folder_bytes
 
     parser = argparse.ArgumentParser(prog="dspark-hf release",
                                      description="write a trained drafter as the package's release drafter (bf16)")
     parser.add_argument("--drafter", required=True, help="trained (and calibrated) drafter folder")
     parser.add_argument("--target", required=True, choices=sorted(RELEASES))
     args = parser.parse_args(argv)
-    out = export_release(args.drafter, RELEASE_DIR / RELEASES[args.target])
+    out = export_target_release(args.drafter, args.target)
     print(f"wrote {out} ({folder_bytes(out) / 1e6:.1f} MB)")
 
 
@@ -311,18 +252,25 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] in ("-V", "--version"):
+        from . import __version__
+
+        print(f"dspark-hf {__version__}")
+        return 0
     if not argv or argv[0] in ("-h", "--help"):
-        print("usage: dspark-hf COMMAND [options]\n\ncommands:")
+        print("usage: dspark-hf COMMAND [options]\n       dspark-hf --version\n\ncommands:")
         for name, (_, help_text) in COMMANDS.items():
-            print(f"  {name:<13} {help_text}")
-        print("\n`dspark-hf COMMAND --help` for a command's options.")
+            print(f"  {name:<15} {help_text}")
+        print("\n`dspark-hf COMMAND --help` for a command's options. Progress goes to stderr "
+              f"(${VERBOSITY_ENV}=warning to quiet it), results to stdout.")
         return 0
     name, rest = argv[0], argv[1:]
     if name not in COMMANDS:
         print(f"dspark-hf: unknown command {name!r}; choose one of {', '.join(COMMANDS)}", file=sys.stderr)
         return 2
-    import dspark_hf  # noqa: F401  (registers the generate() hook and Auto classes)
-
+    # Importing this module has imported `dspark_hf` (the package), which registers the generate() hook and the
+    # Auto classes every command relies on.
+    configure_logging()
     COMMANDS[name][0](rest)
     return 0
 

@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "device_description", "git_commit", "provenance"]
+
 
 def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
     """The current commit (with `-dirty` when the tree has changes), or None outside a git checkout."""
@@ -65,6 +67,21 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     try:
         with os.fdopen(fd, "w") as handle:
             handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+
+
+def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
+    """Writes `data` to `path` via a temporary file and a rename, so readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):

@@ -1,7 +1,8 @@
 """Batched DSpark speculative decoding with confidence-scheduled verification.
 
     out = dspark_hf.generate(target, drafter, input_ids=ids, attention_mask=mask, max_new_tokens=256,
-                             do_sample=True, temperature=0.7, policy="scheduled")
+                             do_sample=True, temperature=0.7, policy="scheduled", sps=dspark_hf.SPSCache())
+    out = dspark_hf.generate(target, drafter, **inputs, generation_config=GenerationConfig(max_new_tokens=64))
     out = target.generate(**inputs, custom_generate=dspark_hf.speculative_generate, drafter=drafter)
 
 One round, for all active rows at once:
@@ -14,70 +15,57 @@ One round, for all active rows at once:
    states of each row's verified tokens; finished rows (EOS, stopping criteria, `max_new_tokens`) are dropped;
    holes are compacted once they exceed `hole_budget` columns.
 
+The state carried between rounds (rows and caches, outputs and statistics, round overhead, policy history, idle
+backoff) lives in `round_state`; `generate` is the round above, top to bottom.
+
 Memory bound: after every round each row's KV cache holds at most prompt + generated + `hole_budget` + (block + 1)
 columns (the widest row's, since rows share one cache tensor; left padding of short prompts counts as holes and is
 compacted away too).
+
+Arguments: `generate` honours the keyword arguments it names and, from a `generation_config=` (a transformers
+`GenerationConfig`) or transformers-style keyword arguments, `max_new_tokens` / `max_length`, `max_time`, `do_sample`,
+`temperature`, `top_k`, `top_p`, `eos_token_id`, `pad_token_id` and `return_dict_in_generate`. Settings the loop cannot
+honour (`repetition_penalty`, `num_beams`, `min_new_tokens`, ...) raise `NotImplementedError`; unknown keyword
+arguments raise `TypeError`. Nothing is cached between calls: the SPS curve of the "scheduled" / "async" policies is
+given (`sps=`), held by a caller-owned `SPSCache`, or profiled for the call.
 
 Exactness needs a target whose cache is a plain `DynamicCache` (no sliding window: holes would shift the window).
 """
 
 from __future__ import annotations
 
+import copy
+import difflib
+import inspect
 import time
-from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
 
 import torch
-from transformers import DynamicCache, PreTrainedModel
-from transformers.generation.stopping_criteria import StoppingCriteriaList
-from transformers.utils import ModelOutput
+from transformers import GenerationConfig, PreTrainedModel
+from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
+from transformers.utils import ModelOutput, logging
 
-from ..models.drafting import valid_first_order
 from ..models.modeling_dspark import DSparkDrafter
-from .scheduler import (POLICIES, WithRoundOverhead, async_lengths, expected_throughput, fixed_lengths, schedule_prefix,
-                        threshold_lengths)
+from .round_state import (PRICED_POLICIES, ActiveRows, IdleBackoff, LengthPolicy, RoundClock, RoundRecord, RowOutputs,
+                          RowStats, target_layer_ids)
+from .scheduler import POLICIES
 from .sps import SPSTable, profile_sps, target_fingerprint
 from .verification import SamplingParams, verify
 
+__all__ = [
+    "DSparkGenerateOutput",
+    "GenerationSettings",
+    "RoundRecord",
+    "RowStats",
+    "SPSCache",
+    "generate",
+    "resolve_sps",
+    "speculative_generate",
+]
 
-@dataclass
-class RowStats:
-    """Per-request statistics of one `generate` call.
-
-    Attributes:
-        rounds: verification rounds the row took part in.
-        verified: draft tokens sent to the target (sum of l_r).
-        accepted: draft tokens accepted.
-        accepted_lengths: tokens emitted in each round (accepted drafts + 1), i.e. the per-round tau.
-        verify_lengths: l_r chosen in each round.
-        seconds: wall time from the start of the call until the row finished.
-    """
-
-    rounds: int = 0
-    verified: int = 0
-    accepted: int = 0
-    accepted_lengths: list[int] = field(default_factory=list)
-    verify_lengths: list[int] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def mean_verify_length(self) -> float:
-        return sum(self.verify_lengths) / max(1, len(self.verify_lengths))
-
-    @property
-    def mean_accepted_length(self) -> float:
-        return sum(self.accepted_lengths) / max(1, len(self.accepted_lengths))
-
-
-@dataclass
-class RoundRecord:
-    """One verification round (recorded with `record_rounds=True`): the rows' original indices `[R]`, raw confidence
-    logits `[R, K]` (before STS; None without a confidence head), verify lengths `[R]` and accepted drafts `[R]`."""
-
-    rows: torch.Tensor
-    confidence_logits: torch.Tensor | None
-    lengths: torch.Tensor
-    accepted: torch.Tensor
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -93,20 +81,53 @@ class DSparkGenerateOutput(ModelOutput):
     rounds: list[RoundRecord] | None = None
 
 
-_SPS_CACHE: dict[tuple, SPSTable] = {}
+# ---------------------------------------------------------------------------------------------- SPS curve
+class SPSCache:
+    """SPS tables owned by the caller: profiles each target once (per fingerprint, device and dtype) and reuses the
+    table, so that repeated `generate(..., sps=cache)` calls do not re-profile. A table is re-profiled when a call
+    needs a larger verification batch than it covers.
+
+        cache = dspark_hf.SPSCache()
+        for batch in batches:
+            dspark_hf.generate(target, drafter, **batch, policy="scheduled", sps=cache)  # profiles on the first call
+
+    Attributes:
+        tables: the profiled tables by `(target_fingerprint, device, dtype)`.
+        profiles: how many times this cache has profiled a target.
+    """
+
+    def __init__(self, *, context_lengths: Sequence[int] = (128,), repeats: int = 2) -> None:
+        self.context_lengths = tuple(context_lengths)
+        self.repeats = int(repeats)
+        self.tables: dict[tuple[str, str, str], SPSTable] = {}
+        self.profiles = 0
+
+    @staticmethod
+    def key(target: PreTrainedModel) -> tuple[str, str, str]:
+        """What a table depends on: the target's fingerprint (architecture, sizes), its device and its dtype."""
+        return target_fingerprint(target), str(target.device), str(target.dtype)
+
+    def table(self, target: PreTrainedModel, max_tokens: int) -> SPSTable:
+        """The table for `target` covering verification batches up to `max_tokens` tokens (profiled if needed)."""
+        key = self.key(target)
+        table = self.tables.get(key)
+        if table is None or table.batch_tokens[-1] < max_tokens:
+            table = profile_sps(target, max_tokens=max(8, max_tokens), context_lengths=self.context_lengths,
+                                repeats=self.repeats, progress=False)
+            self.tables[key] = table
+            self.profiles += 1
+        return table
 
 
 def resolve_sps(target: PreTrainedModel, sps: Any, max_tokens: int) -> Any:
-    """An SPS curve for the scheduler: the given table / callable, a JSON path (checked against `target`), or — for
-    `None` — a table profiled once per process for this target, device and dtype."""
+    """An SPS curve for the scheduler: the given table / callable, a JSON path (checked against `target`), a table
+    from an `SPSCache`, or — for `None` — a table profiled for this call only."""
     if sps is None:
-        key = (id(target), target_fingerprint(target), str(target.device), str(target.dtype))
-        table = _SPS_CACHE.get(key)
-        if table is None or table.batch_tokens[-1] < max_tokens:
-            table = profile_sps(target, max_tokens=max(8, max_tokens), context_lengths=(128,), repeats=2,
-                                progress=False)
-            _SPS_CACHE[key] = table
-        return table
+        logger.warning_once("dspark_hf.generate(sps=None) profiles the target's SPS curve on every call; pass "
+                            "sps=dspark_hf.SPSCache() (or a saved SPSTable) to profile once and reuse it")
+        return SPSCache().table(target, max_tokens)
+    if isinstance(sps, SPSCache):
+        return sps.table(target, max_tokens)
     if isinstance(sps, (str, bytes)) or hasattr(sps, "__fspath__"):
         return SPSTable.load(sps, target=target)
     if isinstance(sps, SPSTable):
@@ -114,11 +135,154 @@ def resolve_sps(target: PreTrainedModel, sps: Any, max_tokens: int) -> Any:
         return sps
     if callable(sps):
         return sps
-    raise TypeError(f"sps must be an SPSTable, a path to one, a callable B -> steps/s or None; got {type(sps).__name__}")
+    raise TypeError(f"sps must be an SPSTable, an SPSCache, a path to a table, a callable B -> steps/s or None; got "
+                    f"{type(sps).__name__}")
+
+
+# ---------------------------------------------------------------------------------------------- arguments
+_CONFIG_FIELDS = frozenset(k for k in GenerationConfig().to_dict()
+                           if not k.startswith("_") and k != "transformers_version")
+"""The settings of a transformers `GenerationConfig` (also accepted as keyword arguments, as `target.generate` does)."""
+
+_HONOURED = frozenset({"max_new_tokens", "max_length", "max_time", "do_sample", "temperature", "top_k", "top_p",
+                       "eos_token_id", "pad_token_id", "return_dict_in_generate"})
+
+_IGNORED = frozenset({
+    # the loop always keeps KV caches (its own DynamicCache): the output is the same either way
+    "use_cache", "cache_config", "max_cache_len",
+    # a decoder-only target continuing the given prompts: never read
+    "bos_token_id", "decoder_start_token_id",
+    # knobs of transformers' own assisted decoding, which this loop replaces (transformers fills in their defaults)
+    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold", "assistant_lookbehind",
+    "target_lookbehind", "is_assistant",
+    # beam-search knobs, moot without beams (num_beams itself is checked)
+    "early_stopping", "length_penalty",
+    # speed knobs of transformers' loops
+    "compile_config", "disable_compile", "prefill_chunk_size", "low_memory",
+})
+
+_NEUTRAL: Mapping[str, tuple[Any, ...]] = MappingProxyType({
+    "num_beams": (1,), "num_beam_groups": (1,), "num_return_sequences": (1,), "diversity_penalty": (0.0,),
+    "repetition_penalty": (1.0,), "encoder_repetition_penalty": (1.0,), "no_repeat_ngram_size": (0,),
+    "encoder_no_repeat_ngram_size": (0,), "min_length": (0,), "min_new_tokens": (0,), "typical_p": (1.0,),
+    "epsilon_cutoff": (0.0,), "eta_cutoff": (0.0,), "min_p": (0.0,), "guidance_scale": (1.0,),
+    "remove_invalid_values": (False,), "renormalize_logits": (False,), "token_healing": (False,),
+    "output_attentions": (False,), "output_hidden_states": (False,), "output_scores": (False,),
+    "output_logits": (False,), "cache_implementation": ("dynamic",),
+})
+"""Values of the settings the loop does not implement that change nothing (None and empty containers also do)."""
+
+# Model keyword arguments transformers' `generate()` prepares for its own loop and hands to a `custom_generate`
+# callable: harmless here, so `speculative_generate` accepts and ignores them by name.
+_PREPARED_MODEL_KWARGS = (
+    "position_ids",    # derived from attention_mask exactly as this loop derives its own (cumsum - 1)
+    "logits_to_keep",  # transformers' prefill setting; this loop chooses per forward
+    "cache",           # transformers' fresh cache object: this loop prefills the whole prompt into its own
+    "past_key_values",  # (older name of the same)
+    "cache_position",  # positions in that unused cache
+)
+
+
+def _unexpected_arguments(names: Sequence[str]) -> TypeError:
+    known = set(inspect.signature(generate).parameters) | _CONFIG_FIELDS
+    hints = []
+    for name in names:
+        close = difflib.get_close_matches(name, known, n=1)
+        hints.append(f"{name!r}" + (f" (did you mean {close[0]!r}?)" if close else ""))
+    return TypeError(f"generate() got unexpected keyword argument(s): {', '.join(hints)}")
+
+
+def _is_neutral(name: str, value: Any) -> bool:
+    if value is None or (isinstance(value, (list, tuple, dict, set)) and not value):
+        return True
+    return any(value == neutral for neutral in _NEUTRAL.get(name, ()))
+
+
+@dataclass(frozen=True)
+class GenerationSettings:
+    """The generation settings of one `generate` call, resolved from (highest precedence first) its explicit keyword
+    arguments, its transformers-style keyword arguments, its `generation_config`, the target's generation config (EOS
+    and pad ids only) and this loop's defaults (128 new tokens, greedy)."""
+
+    max_new_tokens: int
+    do_sample: bool
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int
+    return_dict_in_generate: bool
+    max_time: float | None
+
+    @classmethod
+    def resolve(cls, target: PreTrainedModel, prompt_length: int, generation_config: GenerationConfig | None,
+                config_kwargs: Mapping[str, Any], *, max_new_tokens: int | None, do_sample: bool | None,
+                temperature: float | None, top_k: int | None, top_p: float | None,
+                eos_token_id: int | Sequence[int] | None, pad_token_id: int | None,
+                return_dict_in_generate: bool | None) -> "GenerationSettings":
+        """Raises `TypeError` for keyword arguments that are no `GenerationConfig` setting and `NotImplementedError`
+        for settings this loop cannot honour (at a value that would change the output)."""
+        if generation_config is not None and not isinstance(generation_config, GenerationConfig):
+            raise TypeError(f"generation_config must be a transformers GenerationConfig, got "
+                            f"{type(generation_config).__name__}")
+        unknown = sorted(k for k in config_kwargs if k not in _CONFIG_FIELDS)
+        if unknown:
+            raise _unexpected_arguments(unknown)
+        config = {} if generation_config is None else {k: getattr(generation_config, k, None) for k in _CONFIG_FIELDS}
+        config.update(config_kwargs)
+        config = {k: v for k, v in config.items() if v is not None}
+        unsupported = [f"{k}={v!r}" for k, v in sorted(config.items())
+                       if k not in _HONOURED and k not in _IGNORED and not _is_neutral(k, v)]
+        if unsupported:
+            raise NotImplementedError(
+                f"dspark_hf's batched loop applies temperature / top-k / top-p, EOS, max_new_tokens / max_length, "
+                f"max_time and stopping criteria only; it cannot honour {', '.join(unsupported)}. Drop those "
+                f"settings, or use batch size 1 through target.generate(assistant_model=...)"
+            )
+        if max_new_tokens is None:
+            if "max_new_tokens" in config:
+                max_new_tokens = int(config["max_new_tokens"])
+            elif "max_length" in config:
+                max_new_tokens = int(config["max_length"]) - prompt_length
+            else:
+                max_new_tokens = 128
+        do_sample = bool(config.get("do_sample", False)) if do_sample is None else do_sample
+        if eos_token_id is None:
+            eos_token_id = config.get("eos_token_id", target.generation_config.eos_token_id)
+        eos = torch.tensor([] if eos_token_id is None else
+                           ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)),
+                           dtype=torch.long).tolist()
+        if pad_token_id is None:
+            pad_token_id = config.get("pad_token_id", target.generation_config.pad_token_id)
+        if pad_token_id is None:
+            pad_token_id = int(eos[0]) if eos else 0
+        return cls(
+            max_new_tokens=max_new_tokens, do_sample=do_sample,
+            temperature=float(config.get("temperature", 1.0)) if temperature is None else temperature,
+            top_k=top_k if top_k is not None else (config.get("top_k") if do_sample else None),
+            top_p=top_p if top_p is not None else (config.get("top_p") if do_sample else None),
+            eos_token_ids=tuple(eos), pad_token_id=pad_token_id,
+            return_dict_in_generate=(bool(config.get("return_dict_in_generate", False))
+                                     if return_dict_in_generate is None else return_dict_in_generate),
+            max_time=config.get("max_time"),
+        )
+
+    def sampling(self) -> SamplingParams:
+        """The sampling settings, applied identically to target and draft distributions."""
+        return SamplingParams(do_sample=self.do_sample, temperature=self.temperature, top_k=self.top_k,
+                              top_p=self.top_p)
+
+    def stopping_criteria(self, criteria: Callable[..., Any] | None) -> Callable[..., Any] | None:
+        """`criteria`, with a `MaxTimeCriteria` (started now) added when `max_time` is set."""
+        if self.max_time is None:
+            return criteria
+        timer = MaxTimeCriteria(float(self.max_time))
+        return timer if criteria is None else StoppingCriteriaList([criteria, timer])
 
 
 def _check_inputs(target: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
                   max_new_tokens: int, policy: str, drafter: DSparkDrafter) -> torch.Tensor:
+    """Refuses inputs the loop cannot decode exactly; returns the attention mask (all ones if None) as long."""
     if input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be a non-empty [batch, length] tensor, got "
                          f"{None if input_ids is None else tuple(input_ids.shape)}")
@@ -149,28 +313,7 @@ def _check_inputs(target: PreTrainedModel, input_ids: torch.Tensor, attention_ma
     return attention_mask.to(input_ids.device).long()
 
 
-def _compact_target_cache(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
-    """Moves every row's valid columns to the front of each layer and drops all-empty columns. Returns the new mask."""
-    order = valid_first_order(valid)
-    for layer in cache.layers:
-        index = order[:, None, :, None].to(layer.keys.device)
-        layer.keys = layer.keys.gather(2, index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]))
-        layer.values = layer.values.gather(2, index.expand(-1, layer.values.shape[1], -1, layer.values.shape[3]))
-    return valid.gather(1, order)
-
-
-def _choose_lengths(policy: str, confidences: torch.Tensor | None, num_slots: int, rows: int, sps: Any,
-                    threshold: float, stale: torch.Tensor | None) -> torch.Tensor:
-    if policy == "fixed":
-        return fixed_lengths((rows, num_slots))
-    conf = confidences.detach().float().cpu()
-    if policy == "threshold":
-        return threshold_lengths(conf, threshold)
-    if policy == "scheduled" or stale is None:
-        return schedule_prefix(conf, sps)
-    return async_lengths(conf, stale, sps)
-
-
+# ---------------------------------------------------------------------------------------------- the loop
 @torch.no_grad()
 def generate(
     target: PreTrainedModel,
@@ -178,9 +321,10 @@ def generate(
     input_ids: torch.LongTensor | None = None,
     attention_mask: torch.Tensor | None = None,
     *,
-    max_new_tokens: int = 128,
-    do_sample: bool = False,
-    temperature: float = 1.0,
+    generation_config: GenerationConfig | None = None,
+    max_new_tokens: int | None = None,
+    do_sample: bool | None = None,
+    temperature: float | None = None,
     top_k: int | None = None,
     top_p: float | None = None,
     policy: str = "scheduled",
@@ -190,13 +334,13 @@ def generate(
     pad_token_id: int | None = None,
     stopping_criteria: Callable[..., Any] | None = None,
     streamer: Any = None,
-    return_dict_in_generate: bool = False,
+    return_dict_in_generate: bool | None = None,
     generator: torch.Generator | None = None,
     hole_budget: int | None = None,
     record_rounds: bool = False,
     count_round_overhead: bool = True,
     idle_backoff: bool = True,
-    **unused: Any,
+    **config_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """Speculative decoding of a left-padded batch with a DSpark drafter. Lossless: greedy output equals each row's
     own `target.generate(do_sample=False)`; sampled output follows the target's distribution.
@@ -204,13 +348,19 @@ def generate(
     Args:
         target, drafter: a causal LM and a `DSparkDrafter` built for it (bound here if needed).
         input_ids, attention_mask: `[R, L]` left-padded prompts.
-        max_new_tokens: tokens to generate per row (at most).
-        do_sample, temperature, top_k, top_p: sampling, applied identically to target and draft distributions.
+        generation_config: a transformers `GenerationConfig`; the settings listed in the module docstring are
+            honoured, the explicit keyword arguments below win over it, and its unset fields take this function's
+            defaults (not transformers' top_k=50). Any other setting at a value that changes the output raises
+            `NotImplementedError`.
+        max_new_tokens: tokens to generate per row (at most); default the generation config's (`max_new_tokens`, else
+            `max_length` less the prompt width), else 128.
+        do_sample, temperature, top_k, top_p: sampling, applied identically to target and draft distributions
+            (default: the generation config's, else greedy).
         policy: "fixed", "threshold", "scheduled" (Algorithm 1) or "async" (section 5.2).
-        sps: cost curve for "scheduled" / "async": an `SPSTable`, a JSON path, a callable B -> steps/s, or None to
-            profile this target once per process.
+        sps: cost curve for "scheduled" / "async": an `SPSTable`, a JSON path, a callable B -> steps/s, an `SPSCache`
+            (profiles once per target and reuses the table across calls), or None to profile for this call only.
         threshold: prefix-survival cut for "threshold".
-        eos_token_id, pad_token_id: default to the target's generation config.
+        eos_token_id, pad_token_id: default to the generation config's, else the target's.
         stopping_criteria: a transformers `StoppingCriteriaList` (checked after every emitted token of every row).
         streamer: receives tokens as they are accepted (batch size 1 only).
         return_dict_in_generate: return a `DSparkGenerateOutput` with per-row statistics.
@@ -229,216 +379,105 @@ def generate(
             measured per-round overhead) is below plain decoding's (cost curve plus the overhead without the
             drafter's measured time). Decided from past rounds only, so the output is exactly the same as without it
             (lossless either way); it only saves the drafter's cost under load.
+        **config_kwargs: `GenerationConfig` settings by name (e.g. `max_length=`, `use_cache=`), as
+            `target.generate` accepts them; anything else raises `TypeError`.
     """
     started = time.perf_counter()
-    attention_mask = _check_inputs(target, input_ids, attention_mask, max_new_tokens, policy, drafter)
+    settings = GenerationSettings.resolve(
+        target, input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) else 0, generation_config, config_kwargs,
+        max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
+        eos_token_id=eos_token_id, pad_token_id=pad_token_id, return_dict_in_generate=return_dict_in_generate)
+    attention_mask = _check_inputs(target, input_ids, attention_mask, settings.max_new_tokens, policy, drafter)
     if not drafter.bound_to(target):
         drafter.bind_target(target)
-    gen_cfg = target.generation_config
-    if eos_token_id is None:
-        eos_token_id = gen_cfg.eos_token_id
-    eos = torch.tensor([] if eos_token_id is None else
-                       ([eos_token_id] if isinstance(eos_token_id, int) else list(eos_token_id)), dtype=torch.long)
-    if pad_token_id is None:
-        pad_token_id = gen_cfg.pad_token_id if gen_cfg.pad_token_id is not None else (int(eos[0]) if len(eos) else 0)
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError("streamer is supported for batch size 1 only")
-    sampling = SamplingParams(do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p)
+    sampling = settings.sampling()
     block_size = drafter.config.block_size
     hole_budget = 2 * (block_size + 1) if hole_budget is None else int(hole_budget)
-    rows_total, prompt_len = input_ids.shape
     device = input_ids.device
-    if policy in ("scheduled", "async"):
-        sps = resolve_sps(target, sps, max_tokens=rows_total * (block_size + 1))
-    layer_ids = [i + 1 for i in drafter.config.target_layer_ids]
+    if policy in PRICED_POLICIES:
+        sps = resolve_sps(target, sps, max_tokens=input_ids.shape[0] * (block_size + 1))
+    clock = RoundClock(priced=count_round_overhead and policy in PRICED_POLICIES)
+    choose = LengthPolicy(policy, block_size, sps, threshold, clock)
+    backoff = IdleBackoff(enabled=idle_backoff and policy in PRICED_POLICIES)
+    criteria = settings.stopping_criteria(stopping_criteria)
+    outputs = RowOutputs(input_ids, attention_mask, max_new_tokens=settings.max_new_tokens, started=started,
+                         eos_token_ids=settings.eos_token_ids, stopping_criteria=criteria, streamer=streamer,
+                         pad_token_id=settings.pad_token_id)
+    layer_ids = target_layer_ids(drafter)
+    records: list[RoundRecord] = []
 
-    # ---------------------------------------------------------------- prefill
-    positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-    cache = DynamicCache()
-    out = target(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
-                 use_cache=True, output_hidden_states=layer_ids, logits_to_keep=1)
-    first = sampling.warp(out.logits[:, -1].float())
-    if do_sample:
-        first_tokens = torch.multinomial(torch.softmax(first, -1), 1, generator=generator).squeeze(1)
-    else:
-        first_tokens = first.argmax(-1)
-    dcache = drafter.new_cache()
-    drafter.append_context(dcache, drafter.context_features(out.hidden_states).to(drafter.device),
-                           positions.to(drafter.device), attention_mask.bool().to(drafter.device))
-    kv_valid = attention_mask.bool()                 # [R_active, T] over the target cache columns
-    next_pos = attention_mask.sum(dim=1)             # [R_active] position of each row's anchor
-    anchors = first_tokens                           # [R_active] last emitted token, not yet in the target cache
-
-    generated = torch.full((rows_total, max_new_tokens), pad_token_id, dtype=torch.long, device=device)
-    num_generated = torch.zeros(rows_total, dtype=torch.long, device=device)
-    stats = [RowStats() for _ in range(rows_total)]
-    active = torch.arange(rows_total, device=device)  # original row index of every active row
-    history: list[torch.Tensor] = []                 # confidences of past rounds, for the async policy
-    history_rows: list[torch.Tensor] = []
-    peak_columns = kv_valid.shape[1]
-    rounds: list[RoundRecord] = []
-    overhead_total, overhead_rounds = 0.0, 0
-    draft_total = 0.0  # seconds inside drafter.draft over the overhead_rounds
+    # ---------------------------------------------------------------- prefill: prompts -> caches + first tokens
+    rows, first = ActiveRows.prefill(target, drafter, input_ids, attention_mask, sampling, generator)
     if streamer is not None:
         streamer.put(input_ids.cpu())
-
-    eos_set = set(eos.tolist())
-
-    def emit(tokens: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
-        """Appends `counts[i]` tokens of `tokens[i]` to active row i, cut at the first EOS, the first token on which
-        a stopping criterion fires, or `max_new_tokens`. Returns which active rows are finished."""
-        finished = torch.zeros(len(active), dtype=torch.bool)
-        for i, row in enumerate(active.tolist()):
-            start = int(num_generated[row])
-            new = tokens[i, : int(counts[i])].tolist()[: max_new_tokens - start]
-            stop = False
-            for j, tok in enumerate(new):
-                if tok in eos_set or (stopping_criteria is not None and _criteria_fire(row, start, new[: j + 1])):
-                    new, stop = new[: j + 1], True
-                    break
-            generated[row, start: start + len(new)] = torch.tensor(new, dtype=torch.long, device=device)
-            num_generated[row] = start + len(new)
-            finished[i] = stop or start + len(new) >= max_new_tokens
-            if finished[i]:
-                stats[row].seconds = time.perf_counter() - started
-            if streamer is not None:
-                streamer.put(torch.tensor(new))
-        return finished
-
-    def _criteria_fire(row: int, start: int, new: list[int]) -> bool:
-        seq = torch.cat([input_ids[row, attention_mask[row].bool()], generated[row, :start],
-                         torch.tensor(new, dtype=torch.long, device=device)])[None]
-        return bool(torch.as_tensor(stopping_criteria(seq, None)).any())
-
-    finished = emit(first_tokens[:, None], torch.ones(len(active), dtype=torch.long))
-
-    def _round_cost(with_drafter: bool = True):
-        """The cost curve the policies price: SPS(B) plus the mean measured per-round overhead of past drafting
-        rounds (`with_drafter=False`: less the drafter's own mean time, i.e. what a plain decoding round pays)."""
-        if not (count_round_overhead and overhead_rounds and policy in ("scheduled", "async")):
-            return sps
-        overhead = overhead_total / overhead_rounds
-        if not with_drafter:
-            overhead = max(overhead - draft_total / overhead_rounds, 0.0)
-        return WithRoundOverhead(sps, overhead)
-
-    def _policy_lengths(block):
-        """The policy's verification lengths for this round's drafts (reads past rounds only)."""
-        nonlocal history, history_rows
-        confidences = block.confidences
-        stale = None
-        if policy == "async" and len(history) >= 2:
-            # confidences two rounds old, aligned with the rows still active (finished rows dropped since)
-            old, old_rows = history[-2], history_rows[-2]
-            where = {int(r): i for i, r in enumerate(old_rows.tolist())}
-            stale = old[[where[int(r)] for r in active.tolist()]]
-        lengths = _choose_lengths(policy, confidences, block_size, rows, sps=_round_cost(), threshold=threshold,
-                                  stale=stale)
-        if policy == "async" and confidences is not None:  # only async reads past confidences
-            history = (history + [confidences.float().cpu()])[-2:]
-            history_rows = (history_rows + [active.clone().cpu()])[-2:]
-        return lengths
-
-    def _round_pays(block, lengths: torch.Tensor) -> bool:
-        """Whether drafting this round is expected to beat plain decoding once the drafter's own time is priced."""
-        if int(lengths.max()) == 0:
-            return False
-        if not (count_round_overhead and overhead_rounds) or block.confidences is None:
-            return True
-        conf, lengths = block.confidences.detach().float().cpu(), lengths.cpu()
-        return (expected_throughput(conf, lengths, _round_cost())
-                > expected_throughput(conf, torch.zeros_like(lengths), _round_cost(with_drafter=False)))
+    finished = outputs.emit(rows.ids.tolist(), [[t] for t in first.tolist()], [1] * len(rows))
 
     # ---------------------------------------------------------------- rounds
-    backoff = idle_backoff and policy in ("scheduled", "async")
-    idle_streak, skip_left, skip_len = 0, 0, 2
     while True:
-        if finished.any():
-            keep = (~finished).nonzero().flatten()
-            if len(keep) == 0:
-                break
-            cache.batch_select_indices(keep.to(device))
-            dcache.select_rows(keep.to(drafter.device))
-            kv_valid, next_pos, anchors, active = kv_valid[keep], next_pos[keep], anchors[keep], active[keep]
-        if kv_valid.shape[1] - int(kv_valid.sum(dim=1).max()) > hole_budget:
-            kv_valid = _compact_target_cache(cache, kv_valid)
-            dcache.compact()
-        rows = len(active)
+        rows.drop(finished)
+        if len(rows) == 0:
+            break
+        rows.compact_holes(hole_budget)
         round_start = time.perf_counter()
-        skipping = backoff and skip_left > 0
-        if skipping:  # plain decoding round: no drafts, nothing for the policy to choose
-            skip_left -= 1
-            block = None
-            lengths = torch.zeros(rows, dtype=torch.long, device=device)
+        if backoff.skip():  # plain decoding round: no drafts, nothing for the policy to choose
+            block, draft_seconds = None, 0.0
+            lengths = torch.zeros(len(rows), dtype=torch.long)
         else:
             draft_start = time.perf_counter()
-            block = drafter.draft(dcache, anchors.to(drafter.device), anchor_positions=next_pos.to(drafter.device),
-                                  sampling=sampling, generator=generator)
+            block = drafter.draft(rows.context, rows.anchors.to(drafter.device),
+                                  anchor_positions=rows.next_pos.to(drafter.device), sampling=sampling,
+                                  generator=generator)
             draft_seconds = time.perf_counter() - draft_start
-            lengths = _policy_lengths(block)
-            if backoff:
-                if not _round_pays(block, lengths):
-                    idle_streak += 1
-                    if idle_streak >= 2:
-                        skip_left, skip_len = skip_len, min(2 * skip_len, 32)
-                else:
-                    idle_streak, skip_len = 0, 2
-        budget = (max_new_tokens - 1 - num_generated[active]).clamp(min=0).cpu()
-        lengths = torch.minimum(lengths.cpu(), budget).to(device)
+            lengths = choose.lengths(block, rows.ids)
+            if backoff.enabled:
+                backoff.observe(choose.pays(block, lengths))
+        lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids)).to(device)
+
+        # verify: row r feeds [anchor, d_1..d_{l_r}], right-padded to the round's width, in one target forward
         width = 1 + int(lengths.max())
-        if block is None:
-            drafts = torch.zeros(rows, 0, dtype=torch.long, device=device)
-            draft_logits = None
-        else:
-            drafts = block.tokens[:, : width - 1].to(device)
-            draft_logits = block.logits[:, : width - 1].to(device)
-        tokens = torch.cat([anchors[:, None], drafts], dim=1)  # [R, width]; slots past 1 + l_r are padding
+        drafts = (torch.zeros(len(rows), 0, dtype=torch.long, device=device) if block is None
+                  else block.tokens[:, : width - 1].to(device))
         slots = torch.arange(width, device=device)
-        step_valid = slots[None, :] < (1 + lengths)[:, None]
-        tokens = torch.where(step_valid, tokens, anchors[:, None])
-        pos = next_pos[:, None] + slots[None, :]
+        step_valid = slots[None, :] < (1 + lengths)[:, None]  # slots past 1 + l_r are padding
+        tokens = torch.where(step_valid, torch.cat([rows.anchors[:, None], drafts], dim=1), rows.anchors[:, None])
+        positions = rows.next_pos[:, None] + slots[None, :]
         verify_start = time.perf_counter()
-        out = target(input_ids=tokens, attention_mask=torch.cat([kv_valid, step_valid], dim=1).long(),
-                     position_ids=pos, cache=cache, use_cache=True, output_hidden_states=layer_ids)
-        verify_end = time.perf_counter()
-        if draft_logits is None:
-            draft_logits = out.logits.new_zeros(rows, 0, out.logits.shape[-1])
+        out = target(input_ids=tokens, attention_mask=torch.cat([rows.kv_valid, step_valid], dim=1).long(),
+                     position_ids=positions, cache=rows.cache, use_cache=True, output_hidden_states=layer_ids)
+        verify_seconds = time.perf_counter() - verify_start
+
+        # accept: each row's longest valid prefix plus one target token
+        draft_logits = (out.logits.new_zeros(len(rows), 0, out.logits.shape[-1]) if block is None
+                        else block.logits[:, : width - 1].to(device))
         result = verify(drafts, draft_logits, out.logits.float(), sampling, num_drafts=lengths, generator=generator,
-                        pad_token_id=pad_token_id)
-        kept = slots[None, :] < (1 + result.num_accepted)[:, None]  # anchor + accepted drafts are now context
-        kv_valid = torch.cat([kv_valid, kept], dim=1)
-        peak_columns = max(peak_columns, kv_valid.shape[1])
-        drafter.append_context(dcache, drafter.context_features(out.hidden_states).to(drafter.device),
-                               pos.to(drafter.device), kept.to(drafter.device))
-        next_pos = next_pos + 1 + result.num_accepted
-        anchors = result.next_tokens
+                        pad_token_id=settings.pad_token_id)
+
+        # update caches: anchor + accepted drafts become context of both caches; the rest stay holes
+        kept = slots[None, :] < (1 + result.num_accepted)[:, None]
+        rows.advance(out.hidden_states, positions, kept, result.num_accepted, result.next_tokens)
+
+        # emit: cut at EOS / stopping criteria / max_new_tokens, stream, count; finished rows go next round
         if record_rounds:
-            rounds.append(RoundRecord(
-                rows=active.cpu().clone(),
+            records.append(RoundRecord(
+                rows=rows.ids.clone(), lengths=lengths.cpu().clone(), accepted=result.num_accepted.cpu().clone(),
                 confidence_logits=None if block is None or block.confidence_logits is None
                 else block.confidence_logits.float().cpu(),
-                lengths=lengths.cpu().clone(), accepted=result.num_accepted.cpu().clone()))
-        for i, row in enumerate(active.tolist()):
-            s = stats[row]
-            s.rounds += 1
-            s.verified += int(lengths[i])
-            s.accepted += int(result.num_accepted[i])
-            s.accepted_lengths.append(int(result.num_new[i]))
-            s.verify_lengths.append(int(lengths[i]))
-        finished = emit(result.tokens, result.num_new)
-        if not skipping:
-            # everything in this round but the target's forward: the per-round overhead the cost curve does not see
-            overhead_total += (time.perf_counter() - round_start) - (verify_end - verify_start)
-            overhead_rounds += 1
-            draft_total += draft_seconds
+                drafts=None if block is None else block.tokens.cpu().clone()))
+        finished = outputs.emit(rows.ids.tolist(), result.tokens.tolist(), result.num_new.tolist(), lengths.tolist(),
+                                result.num_accepted.tolist())
+        if block is not None:  # the per-round overhead the cost curve does not see: all but the target's forward
+            clock.add(time.perf_counter() - round_start - verify_seconds, draft_seconds)
+
     if streamer is not None:
         streamer.end()
-    longest = int(num_generated.max())
-    sequences = torch.cat([input_ids, generated[:, :longest]], dim=1)
-    if not return_dict_in_generate:
+    sequences = outputs.sequences()
+    if not settings.return_dict_in_generate:
         return sequences
-    return DSparkGenerateOutput(sequences=sequences, stats=stats, num_generated=num_generated, policy=policy,
-                                peak_cache_columns=peak_columns, rounds=rounds if record_rounds else None)
+    return DSparkGenerateOutput(sequences=sequences, stats=outputs.stats, num_generated=outputs.num_generated,
+                                policy=policy, peak_cache_columns=rows.peak_columns,
+                                rounds=records if record_rounds else None)
 
 
 def speculative_generate(
@@ -446,7 +485,7 @@ def speculative_generate(
     input_ids: torch.LongTensor,
     logits_processor: Any = None,
     stopping_criteria: Any = None,
-    generation_config: Any = None,
+    generation_config: GenerationConfig | None = None,
     synced_gpus: bool = False,
     streamer: Any = None,
     drafter: DSparkDrafter | None = None,
@@ -457,10 +496,15 @@ def speculative_generate(
     **model_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """The same loop behind `target.generate(**inputs, custom_generate=dspark_hf.speculative_generate,
-    drafter=drafter, policy=...)`: sampling settings, `max_new_tokens`, EOS and pad ids come from the generation
-    config that generate() prepared. transformers drops `streamer` on this path; pass it to `dspark_hf.generate`."""
+    drafter=drafter, policy=...)`: sampling settings, `max_new_tokens`, `max_time`, EOS and pad ids come from the
+    generation config that generate() prepared, custom stopping criteria (including `stop_strings`) from its list.
+    transformers drops `streamer` on this path; pass it to `dspark_hf.generate`. Pass `sps=dspark_hf.SPSCache()` (or
+    a table) to profile the cost curve once across calls."""
     if drafter is None:
         raise ValueError("speculative_generate needs drafter=<DSparkDrafter> (pass it to target.generate)")
+    if synced_gpus:
+        raise NotImplementedError("dspark_hf's batched loop does not keep processes in step (synced_gpus: DeepSpeed "
+                                  "ZeRO-3 / FSDP across processes); generate on one process per model copy")
     supported = {"TemperatureLogitsWarper", "TopKLogitsWarper", "TopPLogitsWarper"}
     unsupported = [type(p).__name__ for p in (logits_processor or []) if type(p).__name__ not in supported]
     if unsupported:
@@ -468,15 +512,17 @@ def speculative_generate(
             f"dspark_hf's batched loop applies temperature / top-k / top-p only; generate() also asked for "
             f"{unsupported}. Drop those settings, or use batch size 1 through target.generate(assistant_model=...)"
         )
+    # max_new_tokens / max_length, max_time and EOS are the generation config's, which the loop honours itself
     builtin = {"MaxLengthCriteria", "MaxTimeCriteria", "EosTokenCriteria"}
     custom = [c for c in (stopping_criteria or []) if type(c).__name__ not in builtin]
-    cfg = generation_config
-    max_new_tokens = cfg.max_new_tokens if cfg.max_new_tokens is not None else cfg.max_length - input_ids.shape[1]
+    config = GenerationConfig() if generation_config is None else copy.deepcopy(generation_config)
+    config.stop_strings = None  # honoured through the StopStringCriteria that generate() built (in `custom`)
+    attention_mask = model_kwargs.pop("attention_mask", None)
+    for name in _PREPARED_MODEL_KWARGS:
+        model_kwargs.pop(name, None)
+    # what is left (use_cache, output_attentions, ...) are GenerationConfig settings, checked like any other
     return generate(
-        model, drafter, input_ids, model_kwargs.get("attention_mask"),
-        max_new_tokens=int(max_new_tokens), do_sample=bool(cfg.do_sample),
-        temperature=float(cfg.temperature if cfg.temperature is not None else 1.0),
-        top_k=cfg.top_k if cfg.do_sample else None, top_p=cfg.top_p if cfg.do_sample else None,
-        policy=policy, sps=sps, threshold=threshold, eos_token_id=cfg.eos_token_id, pad_token_id=cfg.pad_token_id,
-        stopping_criteria=StoppingCriteriaList(custom) if custom else None, streamer=streamer, return_dict_in_generate=bool(cfg.return_dict_in_generate), generator=generator,
+        model, drafter, input_ids, attention_mask, generation_config=config, policy=policy, sps=sps,
+        threshold=threshold, stopping_criteria=StoppingCriteriaList(custom) if custom else None, streamer=streamer,
+        generator=generator, **model_kwargs,
     )

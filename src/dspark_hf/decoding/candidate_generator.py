@@ -24,6 +24,8 @@ from transformers.generation.utils import GenerationMixin
 
 from ..models.modeling_dspark import DSparkDrafter
 
+__all__ = ["DSparkCandidateGenerator", "SpeculationStats", "install_generate_hook"]
+
 # Stopping criteria of the running `_assisted_decoding` call, handed to our candidate generator (see install_generate_hook).
 _STOPPING_CRITERIA: contextvars.ContextVar[Any] = contextvars.ContextVar("dspark_stopping_criteria", default=None)
 

@@ -261,6 +261,12 @@ def dflash_adapter(drafter: DSparkDrafter, target: PreTrainedModel) -> DFlashAda
             f"DFlash-variant weights (sequential_head='none') apply. Use dspark_hf.generate or "
             f"target.generate(assistant_model=drafter) for this drafter."
         )
+    if drafter.config.draft_vocab_size is not None:
+        raise ValueError(
+            f"this drafter proposes a reduced draft vocabulary (draft_vocab_size={drafter.config.draft_vocab_size}); "
+            "transformers' built-in DFlash path drafts from the target's full LM head and cannot restrict it. Use "
+            "dspark_hf.generate or target.generate(assistant_model=drafter) for this drafter."
+        )
     drafter.bind_target(target)
     mask_id = drafter.config.mask_token_id
     config = DFlashAdapterConfig(

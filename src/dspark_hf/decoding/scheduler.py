@@ -28,6 +28,20 @@ from typing import Callable, Union
 import numpy as np
 import torch
 
+__all__ = [
+    "POLICIES",
+    "SPSLike",
+    "WithRoundOverhead",
+    "async_lengths",
+    "expected_throughput",
+    "fixed_lengths",
+    "prefix_survival",
+    "schedule_prefix",
+    "sps_values",
+    "threshold_lengths",
+    "token_budget",
+]
+
 SPSLike = Union[Callable[[torch.Tensor], torch.Tensor], Callable[[int], float], "object"]
 
 

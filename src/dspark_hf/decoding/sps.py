@@ -24,6 +24,8 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..provenance import atomic_write_json, device_description, provenance
 
+__all__ = ["SPSTable", "profile_sps", "target_fingerprint"]
+
 
 def target_fingerprint(target: PreTrainedModel) -> str:
     """Identifies a target well enough to refuse another model's table: type, sizes and parameter count."""

@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+__all__ = ["SamplingParams", "VerificationResult", "greedy_verify", "rejection_verify", "verify", "warp_logits"]
+
 
 @dataclass
 class SamplingParams:

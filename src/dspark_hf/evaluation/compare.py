@@ -16,7 +16,8 @@ Methods:
   (Qwen2.5-Coder-1.5B-Instruct target + 0.5B assistant by default); tau = new tokens / target forwards, on the
   speed prompts. Its speedup is relative to *its own* target decoding alone.
 
-Writes `compare.json` (with provenance), `compare.md` and plots (`tau.png`, `acceptance.png`, `speedup.png`).
+Writes `compare.json` (with provenance), `compare.md` and plots (`tau.png`, `acceptance.png`, `speedup.png`);
+`run_comparison` (`dspark-hf compare`) = `compare` + `write_comparison`.
 """
 
 from __future__ import annotations
@@ -29,8 +30,25 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 import torch
+from transformers.utils import logging
 
 from ..provenance import atomic_write_json, atomic_write_text, provenance
+
+__all__ = [
+    "Comparison",
+    "MethodResult",
+    "compare",
+    "count_forwards",
+    "forward_counted_tau",
+    "parse_stock_pair",
+    "plot",
+    "run_comparison",
+    "time_side_by_side",
+    "to_markdown",
+    "write_comparison",
+]
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -165,7 +183,7 @@ def compare(target_name: str, drafters: dict[str, str], datasets: Sequence[str],
         items = load_prompt_set(name, limit=limit)
         for label, drafter in loaded.items():
             if progress:
-                print(f"[{name}] {label}", flush=True)
+                logger.info(f"[{name}] {label}")
             (r,) = evaluate_drafter(target, drafter, tokenizer, [name], limit=limit, max_new_tokens=max_new_tokens,
                                     batch_size=batch_size, speed_prompts=speed_prompts, quality=False,
                                     progress=False)
@@ -174,7 +192,7 @@ def compare(target_name: str, drafters: dict[str, str], datasets: Sequence[str],
         prompts = [chat_prompt_ids(tokenizer, it.messages) for it in items][:speed_prompts]
         if adapter is not None and prompts:
             if progress:
-                print(f"[{name}] hf-dflash", flush=True)
+                logger.info(f"[{name}] hf-dflash")
             spec = _greedy(target, max_new_tokens, assistant_model=adapter, speculation_type="dflash")
             speed = time_side_by_side(prompts, target.device, _greedy(target, max_new_tokens), spec, target)
             result.results.append(MethodResult("hf-dflash", name, target_name, speed["tau"], len(prompts), None,
@@ -185,7 +203,7 @@ def compare(target_name: str, drafters: dict[str, str], datasets: Sequence[str],
             s_prompts = [chat_prompt_ids(s_tok, it.messages) for it in items][:n]
             if s_prompts:
                 if progress:
-                    print(f"[{name}] stock-assisted", flush=True)
+                    logger.info(f"[{name}] stock-assisted")
                 spec = _greedy(s_target, max_new_tokens, assistant_model=s_assistant)
                 speed = time_side_by_side(s_prompts, s_target.device, _greedy(s_target, max_new_tokens), spec,
                                           s_target)
@@ -300,3 +318,26 @@ def write_comparison(comp: Comparison, out_dir: str | Path, settings: dict, devi
     atomic_write_text(out / "compare.md", to_markdown(comp, prov, settings))
     plot(comp, out)
     return out
+
+
+def parse_stock_pair(text: str, flag: str = "--stock") -> tuple[str, str]:
+    """`"TARGET:ASSISTANT"` -> `(target, assistant)`, split at the first `:`; `ValueError` naming `flag` otherwise."""
+    stock_target, sep, assistant = text.partition(":")
+    if not sep or not stock_target or not assistant:
+        raise ValueError(f"{flag} takes TARGET:ASSISTANT, got {text!r}")
+    return stock_target, assistant
+
+
+def run_comparison(target_name: str, drafters: dict[str, str], datasets: Sequence[str], out_dir: str | Path,
+                   settings: dict | None = None, *, draft_head_dtype: torch.dtype | str | None = None,
+                   **kwargs: Any) -> Path:
+    """`dspark-hf compare`: `compare(target_name, drafters, datasets, **kwargs)` written to `out_dir` with
+    `write_comparison` (`settings` recorded next to the numbers; default: the arguments). `draft_head_dtype` may
+    be given by name (`"bfloat16"`, `"float32"`). Returns `out_dir`."""
+    if isinstance(draft_head_dtype, str):
+        draft_head_dtype = getattr(torch, draft_head_dtype)
+    comp = compare(target_name, drafters, list(datasets), draft_head_dtype=draft_head_dtype, **kwargs)
+    if settings is None:
+        settings = {"target": target_name, "drafters": dict(drafters), "datasets": ",".join(datasets),
+                    **{k: v for k, v in kwargs.items() if v is not None}}
+    return write_comparison(comp, out_dir, settings)

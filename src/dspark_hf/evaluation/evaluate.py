@@ -14,7 +14,8 @@ records every round; from those rounds:
 * quality guard: HumanEval pass@1 (its own tests, in a subprocess) and math exact match of target-only vs speculative
   outputs.
 
-Writes `eval.json` (with provenance), `eval.md` and plots (`acceptance.png`, `threshold_sweep.png`).
+Writes `eval.json` (with provenance), `eval.md` and plots (`acceptance.png`, `threshold_sweep.png`);
+`run_evaluation` (`dspark-hf eval`) loads a target and a drafter folder, evaluates and writes.
 """
 
 from __future__ import annotations
@@ -26,9 +27,27 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import torch
+from transformers.utils import logging
 
 from ..decoding.batched import generate
 from ..provenance import atomic_write_json, atomic_write_text, provenance
+
+__all__ = [
+    "MATH_SETS",
+    "THRESHOLDS",
+    "DatasetResult",
+    "evaluate_drafter",
+    "measure_speedup",
+    "plot",
+    "quality_guard",
+    "round_statistics",
+    "run_evaluation",
+    "threshold_sweep",
+    "to_markdown",
+    "write_results",
+]
+
+logger = logging.get_logger(__name__)
 
 MATH_SETS = ("math500", "aime", "gsm_symbolic")
 THRESHOLDS = [0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9]
@@ -146,7 +165,7 @@ def evaluate_drafter(target, drafter, tokenizer, datasets: Sequence[str], limit:
                 n = int(out.num_generated[i])
                 texts_spec[start + i] = tokenizer.decode(out.sequences[i, width: width + n], skip_special_tokens=True)
             if progress:
-                print(f"  {name}: {min(start + batch_size, len(prompts))}/{len(prompts)} prompts", flush=True)
+                logger.info(f"{name}: {min(start + batch_size, len(prompts))}/{len(prompts)} prompts")
         accepted, verified = torch.cat(acc), torch.cat(ver)
         stats = round_statistics(accepted, verified, k)
         sweep = []
@@ -237,3 +256,25 @@ def write_results(results: list[DatasetResult], out_dir: str | Path, label: str,
     atomic_write_text(out / "eval.md", to_markdown(results, prov, label))
     plot(results, out, label)
     return out
+
+
+def run_evaluation(drafter_path: str | Path, target_name: str | Path, datasets: Sequence[str], limit: int = 32,
+                   max_new_tokens: int = 128, batch_size: int = 8, speed_prompts: int = 4, quality: bool = True,
+                   out_dir: str | Path = "outputs/eval", settings: dict | None = None, progress: bool = True) -> Path:
+    """`dspark-hf eval`: loads the target (`load_target`) and the drafter folder, runs `evaluate_drafter` and writes
+    `eval.json` / `eval.md` / plots to `out_dir` (`write_results`); `settings` (default: these arguments) are
+    recorded in the provenance as `args`. Returns `out_dir`."""
+    from ..models.modeling_dspark import DSparkDrafter
+    from ..testbed.targets import load_target
+
+    datasets = list(datasets)
+    if settings is None:
+        settings = {"drafter": str(drafter_path), "target": str(target_name), "datasets": ",".join(datasets),
+                    "limit": limit, "max_new_tokens": max_new_tokens, "batch_size": batch_size,
+                    "speed_prompts": speed_prompts, "no_quality": not quality, "out": str(out_dir)}
+    target, tokenizer = load_target(target_name)
+    drafter = DSparkDrafter.from_pretrained(drafter_path, target=target).eval()
+    results = evaluate_drafter(target, drafter, tokenizer, datasets, limit, max_new_tokens, batch_size, speed_prompts,
+                               quality, progress)
+    label = f"drafter={drafter_path}, target={target_name}, max_new_tokens={max_new_tokens}"
+    return write_results(results, out_dir, label, target.device, {"args": settings})

@@ -15,13 +15,19 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Sequence
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
+from transformers.utils import logging
 
 from ..models.modeling_dspark import DSparkDrafter
 from ..decoding.verification import SamplingParams
 from ..provenance import atomic_write_json, atomic_write_text, provenance
+
+__all__ = ["SIZES", "HeadCost", "main", "measure", "measure_all", "to_markdown"]
+
+logger = logging.get_logger(__name__)
 
 # name -> (hidden, vocab, heads, kv heads, intermediate, draft layers)
 SIZES = {
@@ -128,7 +134,30 @@ def to_markdown(rows: list[HeadCost], prov: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+def measure_all(sizes: Sequence[str] = tuple(SIZES), heads: Sequence[str] = ("markov", "gated_markov", "rnn"),
+                block_sizes: Sequence[int] = (7, 16), batch_size: int = 1, context: int = 256, repeats: int = 20,
+                candidates: Sequence[int] = (0, 256), out: str | Path = "outputs/bench_head") -> list[HeadCost]:
+    """`dspark-hf bench-head`: `measure` for every (size, head, block size, candidates) combination, written to
+    `out` as `head_cost.json` (with provenance) and `head_cost.md`. Returns the rows."""
+    torch.manual_seed(0)
+    rows = []
+    for size in sizes:
+        for head in heads:
+            for block, cands in [(b, c) for b in block_sizes for c in candidates]:
+                row = measure(size, head, block, batch_size, context, repeats, cands)
+                logger.info(f"{size:>18} {head:>12} K={block:<3} M={cands or 'all':<4} parallel {row.parallel_ms:8.2f} "
+                            f"ms | loop greedy {row.sequential_greedy_ms:7.2f} ms ({100 * row.greedy_ratio:5.1f}%) | "
+                            f"sampled {row.sequential_sampled_ms:7.2f} ms ({100 * row.sampled_ratio:5.1f}%)")
+                rows.append(row)
+    prov = provenance()
+    out = Path(out)
+    atomic_write_json(out / "head_cost.json", {"provenance": prov, "rows": [asdict(r) for r in rows]})
+    atomic_write_text(out / "head_cost.md", to_markdown(rows, prov))
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[HeadCost]:
+    """`dspark-hf bench-head` (its argument parser lives here, the CLI forwards to it)."""
     parser = argparse.ArgumentParser(prog="dspark-hf bench-head", description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
     parser.add_argument("--heads", nargs="+", default=["markov", "gated_markov", "rnn"])
@@ -140,23 +169,15 @@ def main(argv: list[str] | None = None) -> list[HeadCost]:
                         help="draft_candidates values to time (0 = full vocabulary)")
     parser.add_argument("--out", default="outputs/bench_head")
     args = parser.parse_args(argv)
-    torch.manual_seed(0)
-    rows = []
-    for size in args.sizes:
-        for head in args.heads:
-            for block, cands in [(b, c) for b in args.block_sizes for c in args.candidates]:
-                row = measure(size, head, block, args.batch_size, args.context, args.repeats, cands)
-                print(f"{size:>18} {head:>12} K={block:<3} M={cands or 'all':<4} parallel {row.parallel_ms:8.2f} ms | loop greedy "
-                      f"{row.sequential_greedy_ms:7.2f} ms ({100 * row.greedy_ratio:5.1f}%) | sampled "
-                      f"{row.sequential_sampled_ms:7.2f} ms ({100 * row.sampled_ratio:5.1f}%)", flush=True)
-                rows.append(row)
-    prov = provenance()
+    rows = measure_all(**vars(args))
     out = Path(args.out)
-    atomic_write_json(out / "head_cost.json", {"provenance": prov, "rows": [asdict(r) for r in rows]})
-    atomic_write_text(out / "head_cost.md", to_markdown(rows, prov))
     print(f"wrote {out / 'head_cost.json'} and {out / 'head_cost.md'}")
     return rows
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m dspark_hf.evaluation.head_cost`: the same as `dspark-hf ...`
+    from dspark_hf.logging_utils import configure_logging
+    from dspark_hf.evaluation.head_cost import main as _main  # the imported module: its logger is dspark_hf.*
+
+    configure_logging()
+    _main()

@@ -33,6 +33,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+__all__ = [
+    "CODE_INSTRUCTION",
+    "GSM_SYMBOLIC_DEFAULT_SIZE",
+    "GSM_SYMBOLIC_SEED",
+    "MATH_INSTRUCTION",
+    "PROMPT_SETS",
+    "EvalPrompt",
+    "data_file_path",
+    "load_prompt_set",
+    "prompt_set_available",
+    "prompt_set_requirement",
+]
+
 PROMPT_SETS: tuple[str, ...] = ("humaneval", "mt_bench", "math500", "aime", "gsm_symbolic")
 
 GSM_SYMBOLIC_SEED = 42

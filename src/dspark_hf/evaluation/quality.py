@@ -35,6 +35,18 @@ from dataclasses import asdict, dataclass
 from fractions import Fraction
 from typing import Any
 
+__all__ = [
+    "PASS_MARKER",
+    "TaskResult",
+    "build_program",
+    "extract_code",
+    "extract_final_answer",
+    "humaneval_pass_at_1",
+    "math_exact_match",
+    "normalize_answer",
+    "run_program",
+]
+
 # Printed after `check` returns: a program that exits early with status 0 (`sys.exit(0)` in a completion) is no pass.
 PASS_MARKER = "__dspark_hf_check_passed__"
 _FENCE = re.compile(r"```[ \t]*(?:python3?|py)?[ \t]*\n(.*?)(?:```|\Z)", re.DOTALL | re.IGNORECASE)

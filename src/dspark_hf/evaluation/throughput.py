@@ -21,15 +21,30 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import torch
+from transformers.utils import logging
 
 from ..models.drafting import DraftBlock, DSparkContextCache
 from ..decoding.batched import generate
 from ..models.modeling_dspark import DSparkDrafter
 from ..provenance import atomic_write_json, atomic_write_text, provenance
 from ..decoding.sps import SPSTable, profile_sps
+
+__all__ = [
+    "POLICY_NAMES",
+    "TOY_SIZES",
+    "BenchRow",
+    "SimulatedDrafter",
+    "bench",
+    "main",
+    "plot",
+    "run_bench",
+    "to_markdown",
+]
+
+logger = logging.get_logger(__name__)
 
 POLICY_NAMES = ("none", "fixed", "threshold", "scheduled", "async")
 
@@ -192,9 +207,9 @@ def run_bench(target, drafter, concurrencies: list[int], policies: list[str], ma
                 identical = None if do_sample else bool(torch.equal(out.sequences[:, width:], base[:, width:]))
                 row = BenchRow(c, policy, seconds, tokens, tokens / seconds, per_req, verify, tau, identical)
             results.append(row)
-            print(f"C={c:<4} {policy:<10} {row.aggregate_tokens_per_s:8.1f} tok/s  verify "
-                  f"{row.mean_verify_length:5.2f}  tau {row.tau:5.2f}  identical={row.identical_to_target}  "
-                  f"(median of {repeats}: {', '.join(f'{t:.2f}s' for t in times[policy])})", flush=True)
+            logger.info(f"C={c:<4} {policy:<10} {row.aggregate_tokens_per_s:8.1f} tok/s  verify "
+                        f"{row.mean_verify_length:5.2f}  tau {row.tau:5.2f}  identical={row.identical_to_target}  "
+                        f"(median of {repeats}: {', '.join(f'{t:.2f}s' for t in times[policy])})")
     return results
 
 
@@ -240,7 +255,60 @@ def plot(rows: list[BenchRow], out: Path, label: str) -> list[Path]:
     return paths
 
 
+def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence[int] = (1, 4, 16, 64),
+          policies: Sequence[str] = POLICY_NAMES, max_new_tokens: int = 48, block_size: int = 7,
+          threshold: float = 0.3, sps: str | Path | None = None, prompt_set: str = "mt_bench", do_sample: bool = False,
+          seed: int = 0, repeats: int = 3, out: str | Path = "outputs/bench",
+          settings: dict[str, Any] | None = None) -> list[BenchRow]:
+    """`dspark-hf bench`: builds the target (`TOY_SIZES` name, registry name or folder) and the drafter
+    (`"simulated"`, `"untrained"` or a folder), loads the SPS table `sps` (default `<out>/sps.json`; profiled and
+    saved there when absent), runs `run_bench` and writes `bench.json` (with provenance and `settings`, default these
+    arguments), `bench.md`, `throughput.png` and `verify_length.png` to `out`. Returns the rows."""
+    simulated = drafter == "simulated"
+    if simulated and do_sample:
+        raise ValueError("the simulated drafter supports greedy decoding only")
+    if settings is None:
+        settings = {"target": target, "drafter": drafter, "concurrency": list(concurrency),
+                    "policies": list(policies), "max_new_tokens": max_new_tokens, "block_size": block_size,
+                    "threshold": threshold, "sps": None if sps is None else str(sps), "prompt_set": prompt_set,
+                    "do_sample": do_sample, "seed": seed, "repeats": repeats, "out": str(out)}
+    torch.manual_seed(seed)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = None
+    if target in TOY_SIZES:
+        target_model = _toy_target(seed, target)
+    else:
+        from ..testbed.targets import load_target
+
+        target_model, tokenizer = load_target(target)
+    if drafter in ("simulated", "untrained"):
+        cls = SimulatedDrafter if simulated else DSparkDrafter
+        drafter_model = cls.from_target(target_model, block_size=block_size, num_hidden_layers=1,
+                                        draft_candidates=64).eval()
+    else:
+        drafter_model = DSparkDrafter.from_pretrained(drafter, target=target_model).eval()
+    sps_path = Path(sps) if sps else out / "sps.json"
+    max_b = max(concurrency) * (drafter_model.config.block_size + 1)
+    if sps_path.exists():
+        table = SPSTable.load(sps_path, target=target_model, reprofile=True, max_tokens=max_b)
+    else:
+        table = profile_sps(target_model, max_tokens=max_b, context_lengths=(128,), repeats=2)
+        table.save(sps_path)
+    label = f"target={target}, drafter={drafter}, block={drafter_model.config.block_size}, " \
+            f"max_new_tokens={max_new_tokens}, {'sampling' if do_sample else 'greedy'}, " \
+            f"median of {repeats} interleaved runs"
+    rows = run_bench(target_model, drafter_model, list(concurrency), list(policies), max_new_tokens, table, threshold,
+                     tokenizer, prompt_set, simulated, seed, do_sample, repeats)
+    prov = provenance(target_model.device, args=settings)
+    atomic_write_json(out / "bench.json", {"provenance": prov, "label": label, "rows": [asdict(r) for r in rows]})
+    atomic_write_text(out / "bench.md", to_markdown(rows, prov, label))
+    plot(rows, out, label)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> list[BenchRow]:
+    """`dspark-hf bench` (its argument parser lives here, the CLI forwards to it)."""
     parser = argparse.ArgumentParser(prog="dspark-hf bench", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="toy",
                         help="'toy' (random 8-layer Llama), 'toy-tiny', a registry name or a path")
@@ -257,43 +325,16 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per policy; the median is reported")
     parser.add_argument("--out", default="outputs/bench")
     args = parser.parse_args(argv)
-    torch.manual_seed(args.seed)
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    tokenizer = None
-    if args.target in TOY_SIZES:
-        target = _toy_target(args.seed, args.target)
-    else:
-        from ..testbed.targets import load_target
-
-        target, tokenizer = load_target(args.target)
-    simulated = args.drafter == "simulated"
-    if simulated and args.do_sample:
+    if args.drafter == "simulated" and args.do_sample:
         parser.error("--drafter simulated supports greedy decoding only")
-    if args.drafter in ("simulated", "untrained"):
-        cls = SimulatedDrafter if simulated else DSparkDrafter
-        drafter = cls.from_target(target, block_size=args.block_size, num_hidden_layers=1, draft_candidates=64).eval()
-    else:
-        drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).eval()
-    sps_path = Path(args.sps) if args.sps else out / "sps.json"
-    max_b = max(args.concurrency) * (drafter.config.block_size + 1)
-    if sps_path.exists():
-        sps = SPSTable.load(sps_path, target=target, reprofile=True, max_tokens=max_b)
-    else:
-        sps = profile_sps(target, max_tokens=max_b, context_lengths=(128,), repeats=2)
-        sps.save(sps_path)
-    label = f"target={args.target}, drafter={args.drafter}, block={drafter.config.block_size}, " \
-            f"max_new_tokens={args.max_new_tokens}, {'sampling' if args.do_sample else 'greedy'}, " \
-            f"median of {args.repeats} interleaved runs"
-    rows = run_bench(target, drafter, args.concurrency, args.policies, args.max_new_tokens, sps, args.threshold,
-                     tokenizer, args.prompt_set, simulated, args.seed, args.do_sample, args.repeats)
-    prov = provenance(target.device, args=vars(args))
-    atomic_write_json(out / "bench.json", {"provenance": prov, "label": label, "rows": [asdict(r) for r in rows]})
-    atomic_write_text(out / "bench.md", to_markdown(rows, prov, label))
-    plot(rows, out, label)
-    print(f"wrote {out}/bench.json, bench.md, throughput.png, verify_length.png")
+    rows = bench(settings=vars(args), **vars(args))
+    print(f"wrote {Path(args.out)}/bench.json, bench.md, throughput.png, verify_length.png")
     return rows
 
 
-if __name__ == "__main__":
-    main()
+if __name__ == "__main__":  # `python -m dspark_hf.evaluation.throughput`: the same as `dspark-hf ...`
+    from dspark_hf.logging_utils import configure_logging
+    from dspark_hf.evaluation.throughput import main as _main  # the imported module: its logger is dspark_hf.*
+
+    configure_logging()
+    _main()

@@ -14,11 +14,16 @@ import json
 import statistics
 from pathlib import Path
 
-from ..training.data import summarize_data
 from ..provenance import atomic_write_json, atomic_write_text
+from ..training.data import summarize_data
+from .labels import labeled_folders
+
+__all__ = ["main", "read_run", "report"]
 
 
 def read_run(folder: str | Path) -> dict:
+    """A training run folder's `{"config": training_config.json, "log": [log.jsonl records]}`; a clear error when
+    the folder is not a run or has no records yet."""
     folder = Path(folder)
     cfg_path, log_path = folder / "training_config.json", folder / "log.jsonl"
     if not cfg_path.exists() or not log_path.exists():
@@ -36,6 +41,7 @@ def _tail_mean(records: list[dict], key: str, last_steps: int = 50) -> float:
 
 
 def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
+    """Writes `training.md`, `training.json` and `training.png` for the runs `{label: folder}` to `out_dir`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     loaded = {label: read_run(folder) for label, folder in runs.items()}
@@ -96,12 +102,19 @@ def _plot(loaded: dict[str, dict], path: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> Path:
+    """`dspark-hf training-report` (its argument parser lives here, the CLI forwards to it)."""
     parser = argparse.ArgumentParser(prog="dspark-hf training-report", description=__doc__.split("\n\n")[0])
     parser.add_argument("--run", action="append", required=True, metavar="LABEL=FOLDER", help="a training run folder")
     parser.add_argument("--out", default="results/training")
     args = parser.parse_args(argv)
-    from ..cli import labeled_folders
-
     out = report(labeled_folders(parser, "--run", args.run), args.out)
     print((out / "training.md").read_text())
     return out
+
+
+if __name__ == "__main__":  # `python -m dspark_hf.evaluation.training_report`: the same as `dspark-hf ...`
+    from dspark_hf.logging_utils import configure_logging
+    from dspark_hf.evaluation.training_report import main as _main  # the imported module: its logger is dspark_hf.*
+
+    configure_logging()
+    _main()

@@ -9,6 +9,8 @@ target model, plus a light sequential head and a confidence head. This file hold
 * `target_layer_ids`: the target decoder layers whose raw outputs (HF `hidden_states[i + 1]`) are concatenated
   into the context features; the target's last layer is refused (HF's last hidden state is post-norm),
 * `sequential_head` in {"markov", "gated_markov", "rnn", "none"} and `markov_rank`,
+* `draft_vocab_size`: `None` (the full vocabulary) or Vd < V: the drafter proposes only Vd target ids, kept in its
+  `d2t` buffer (see `DSparkDrafter.set_draft_vocab`); its LM-head rows and Markov matrices live in that vocabulary,
 * `confidence_head`, the training loss position decay `loss_decay` and the Sequential Temperature Scaling
   temperatures `sts_temperatures` (empty until calibrated),
 * a fingerprint of the target (`target_name_or_path`, `target_vocab_size`, `target_hidden_size`,
@@ -33,7 +35,7 @@ class DSparkConfig(PreTrainedConfig):
     r"""Configuration of a [`DSparkDrafter`].
 
     Args:
-        vocab_size: the target's vocabulary size (the Markov / RNN heads index it).
+        vocab_size: the target's vocabulary size (the Markov / RNN heads index it, unless `draft_vocab_size`).
         hidden_size: width of the drafter; must equal the target's hidden size.
         intermediate_size: width of the SwiGLU MLP of each draft layer.
         num_hidden_layers: number of draft decoder layers (paper: 5; 1-2 suffice for small targets).
@@ -52,6 +54,11 @@ class DSparkConfig(PreTrainedConfig):
             each step reads M rows of the Markov W2 instead of all V (on a CPU the full-vocabulary loop costs as
             much as the parallel forward). The draft distribution is then the softmax over those M candidates;
             verification uses exactly it, so decoding stays lossless. `None` scores the full vocabulary.
+        draft_vocab_size: if set (Vd), the drafter proposes only Vd target tokens (EAGLE-3's reduced draft vocabulary).
+            Their sorted target ids are the drafter's `d2t` buffer, stored in the checkpoint; its base logits are the
+            target LM head's rows for them (a Vd x d product instead of V x d) and the Markov head's W1 ((Vd + 1) x r,
+            the extra row for a previous token outside the draft vocabulary) and W2 (r x Vd) are indexed by draft id.
+            Draft distributions are zero outside the draft vocabulary, so verification stays exact. `None` = full.
         target_*: fingerprint of the target the drafter was built for.
     """
 
@@ -79,6 +86,7 @@ class DSparkConfig(PreTrainedConfig):
     sts_temperatures: list[float] | None = None
     mask_token_id: int | None = None
     draft_candidates: int | None = None
+    draft_vocab_size: int | None = None
     target_name_or_path: str | None = None
     target_vocab_size: int | None = None
     target_hidden_size: int | None = None
@@ -144,6 +152,14 @@ class DSparkConfig(PreTrainedConfig):
                 raise ValueError(f"DSparkConfig.sts_temperatures must all be > 0, got {self.sts_temperatures}.")
         if self.draft_candidates is not None and self.draft_candidates < 1:
             raise ValueError(f"DSparkConfig.draft_candidates must be >= 1 or None, got {self.draft_candidates}.")
+        if self.draft_vocab_size is not None and (
+            not isinstance(self.draft_vocab_size, int) or isinstance(self.draft_vocab_size, bool)
+            or not 1 <= self.draft_vocab_size <= self.vocab_size
+        ):
+            raise ValueError(
+                f"DSparkConfig.draft_vocab_size must be an integer in [1, vocab_size={self.vocab_size}] or None (full "
+                f"vocabulary), got {self.draft_vocab_size!r}."
+            )
         if self.mask_token_id is not None and not 0 <= self.mask_token_id < self.vocab_size:
             raise ValueError(
                 f"DSparkConfig.mask_token_id must lie in [0, vocab_size={self.vocab_size}), got {self.mask_token_id}."
@@ -176,6 +192,16 @@ class DSparkConfig(PreTrainedConfig):
     def num_target_features(self) -> int:
         """Number of target layers concatenated into the context features (m)."""
         return len(self.target_layer_ids)
+
+    @property
+    def reduced_vocab(self) -> bool:
+        """Whether the drafter proposes a reduced draft vocabulary (`draft_vocab_size` set)."""
+        return self.draft_vocab_size is not None
+
+    @property
+    def num_draft_tokens(self) -> int:
+        """Vd: the size of the vocabulary the drafter proposes (the full vocabulary unless `draft_vocab_size`)."""
+        return int(self.draft_vocab_size) if self.draft_vocab_size is not None else int(self.vocab_size)
 
     @property
     def effective_loss_decay(self) -> float:

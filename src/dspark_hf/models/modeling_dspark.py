@@ -14,6 +14,14 @@ Design (paper sections 2.2, 3.1, 3.2.1; ../shared/DESIGN.md section 1):
 * **Shared, frozen embedding and LM head.** They are *bound* from the target at run time (`bind_target`) and are not
   submodules, so checkpoints stay small. Binding checks the target against the config's fingerprint.
 * **Sequential head** (Markov / gated Markov / RNN / none) and **confidence head** live in `sequential_heads.py`.
+* **Reduced draft vocabulary** (`config.draft_vocab_size` = Vd, EAGLE-3's idea). The persistent buffer `d2t`
+  `[Vd]` holds the sorted target ids the drafter may propose (draft id i <-> target id d2t[i]; speculators store the
+  offset d2t[i] - i and a bool mask t2d instead, see `d2t_offsets` / `t2d`). The base logits are the bound target
+  head's rows gathered by `d2t` (`draft_lm_head`: a [Vd, d] product) and the Markov head lives in draft ids; a
+  previous token outside the draft vocabulary (the anchor / bonus token can be one) reads W1's extra "unknown" row
+  (`to_draft_inputs`). `DraftBlock.logits` stays full-vocabulary `[B, K, V]`, -inf outside the draft ids (zero
+  probability there), and `tokens` are target ids, so greedy and rejection verification are unchanged and exact: a
+  target token the drafter cannot propose is simply never accepted as a draft and is emitted by the target itself.
 
 Two forwards share the same layers: `forward` (training layout: many anchors per sequence, full context given) and
 `draft` (inference: one anchor per row, cached context, then the sequential sampling loop). Tests pin that they agree.
@@ -166,11 +174,12 @@ class DSparkOutput(ModelOutput):
 
     Attributes:
         hidden_states: `[B, A, K, d]` final (normed) backbone states of every block slot.
-        logits: `[B, A, K, V]` base logits U_k through the bound LM head, when `return_logits=True`.
+        logits: `[B, A, K, V]` base logits U_k through the bound LM head, when `return_logits=True`; over the
+            draft vocabulary (`[B, A, K, Vd]`, indexed by draft id) when `config.draft_vocab_size` is set.
     """
 
     hidden_states: torch.Tensor | None = None
-    logits: torch.Tensor | None = None
+    logits: torch.Tensor | None = None  # [B, A, K, Vd] with a reduced draft vocabulary (draft ids)
 
 
 class DSparkPreTrainedModel(PreTrainedModel):
@@ -194,6 +203,8 @@ class DSparkPreTrainedModel(PreTrainedModel):
         elif isinstance(module, DSparkDrafter):
             if module.mask_embedding is not None:
                 init.normal_(module.mask_embedding, mean=0.0, std=std)
+            if getattr(module, "d2t", None) is not None:  # placeholder mapping until set_draft_vocab / loading
+                init.copy_(module.d2t, torch.arange(module.d2t.shape[0], dtype=module.d2t.dtype))
         if hasattr(module, "markov_w2"):
             # The transition bias starts at zero: an untrained head leaves the backbone's logits untouched.
             init.zeros_(module.markov_w2.weight)
@@ -221,14 +232,22 @@ class DSparkDrafter(DSparkPreTrainedModel):
         self.layers = nn.ModuleList([DSparkDecoderLayer(config) for _ in range(config.num_hidden_layers)])
         self.norm = DSparkRMSNorm(d, eps=config.rms_norm_eps)
         self.mask_embedding = nn.Parameter(torch.zeros(d)) if config.mask_token_id is None else None
-        self.markov_head = build_sequential_head(config.sequential_head, config.vocab_size, config.markov_rank, d)
+        if config.reduced_vocab:
+            # Draft id -> target id (sorted). A placeholder (the first Vd ids) until `set_draft_vocab` or loading.
+            self.register_buffer("d2t", torch.arange(config.draft_vocab_size, dtype=torch.long), persistent=True)
+        else:
+            self.register_buffer("d2t", None)
+        num_draft = config.num_draft_tokens
+        # W1 of a reduced vocabulary has one extra row: the previous token is outside the draft vocabulary.
+        self.markov_head = build_sequential_head(config.sequential_head, num_draft, config.markov_rank, d,
+                                                 num_draft + 1 if config.reduced_vocab else None)
         self.confidence_head = None
         if config.confidence_head:
             extra = config.markov_rank if self.markov_head is not None else 0
             self.confidence_head = ConfidenceHead(d + extra)
         self._bound: dict[str, nn.Module] = {}
         self._draft_head_dtype: torch.dtype | None = None
-        self._draft_head: tuple[torch.Tensor, torch.Tensor, torch.Tensor | None] | None = None  # (source, W, b)
+        self._draft_head: tuple | None = None  # (source weight, key, W, b): the rows / dtype of the base logits
         self.last_speculation_stats = None  # set by generate(assistant_model=self): see SpeculationStats
         self.post_init()
         self.set_sts_temperatures(config.sts_temperatures)
@@ -241,6 +260,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         weights. Pass `target=` to bind the loaded drafter to its target (fingerprint checked)."""
         target = kwargs.pop("target", None)
         want_info = kwargs.pop("output_loading_info", False)
+        _check_stored_draft_vocab(pretrained_model_name_or_path)
         try:
             model, info = super().from_pretrained(
                 pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
@@ -257,19 +277,81 @@ class DSparkDrafter(DSparkPreTrainedModel):
                 f"the checkpoint at {pretrained_model_name_or_path!s} does not match this drafter's architecture: "
                 + "; ".join(f"{k}: {v[:8]}{' ...' if len(v) > 8 else ''}" for k, v in problems.items())
             )
+        if model.d2t is not None:
+            try:
+                validate_draft_vocab(model.d2t, model.config.draft_vocab_size, model.config.vocab_size)
+            except ValueError as err:
+                raise ValueError(f"the checkpoint at {pretrained_model_name_or_path!s} holds a bad draft vocabulary "
+                                 f"mapping (d2t): {err}") from err
         if target is not None:
             model.bind_target(target)
         return (model, info) if want_info else model
 
     # ------------------------------------------------------------------ target binding
     @classmethod
-    def from_target(cls, target: PreTrainedModel, **config_overrides) -> "DSparkDrafter":
-        """A randomly initialised drafter configured for `target`, bound to it, on its device and dtype."""
+    def from_target(
+        cls, target: PreTrainedModel, draft_vocab: Sequence[int] | torch.Tensor | None = None, **config_overrides
+    ) -> "DSparkDrafter":
+        """A randomly initialised drafter configured for `target`, bound to it, on its device and dtype.
+
+        `draft_vocab`: the target ids of a reduced draft vocabulary (e.g. from
+        `dspark_hf.training.vocab.build_draft_vocab`); sets `draft_vocab_size` to its length. Passing only
+        `draft_vocab_size=Vd` keeps the placeholder mapping (the first Vd ids) until `set_draft_vocab`."""
+        if draft_vocab is not None:
+            draft_vocab = torch.as_tensor(draft_vocab)
+            config_overrides.setdefault("draft_vocab_size", int(draft_vocab.numel()))
         config = DSparkConfig.from_target_config(target.config, **config_overrides)
         drafter = cls(config)
         drafter.to(device=target.device, dtype=target.dtype)
+        if draft_vocab is not None:
+            drafter.set_draft_vocab(draft_vocab)
         drafter.bind_target(target)
         return drafter
+
+    # ------------------------------------------------------------------ draft vocabulary
+    def set_draft_vocab(self, target_ids: Sequence[int] | torch.Tensor) -> None:
+        """Sets the reduced draft vocabulary: `config.draft_vocab_size` distinct target ids, in any order (stored
+        sorted in `d2t`). Do it before training: the Markov rows and the LM-head rows are indexed by draft id."""
+        if self.d2t is None:
+            raise ValueError("this drafter drafts over the full vocabulary (DSparkConfig.draft_vocab_size is None); "
+                             "build it with draft_vocab_size=len(ids) to use a reduced draft vocabulary")
+        ids = torch.as_tensor(target_ids)
+        if ids.is_floating_point() or ids.dim() != 1:
+            raise ValueError(f"the draft vocabulary must be a 1-D sequence of integer target ids, got shape "
+                             f"{tuple(ids.shape)} dtype {ids.dtype}")
+        ids = ids.long().sort().values
+        validate_draft_vocab(ids, self.config.draft_vocab_size, self.config.vocab_size)
+        with torch.no_grad():
+            self.d2t.copy_(ids.to(self.d2t.device))
+        self._draft_head = None
+
+    @property
+    def t2d(self) -> torch.Tensor | None:
+        """`[V]` bool: which target ids the drafter can propose (speculators' `t2d`); `None` = all of them."""
+        if self.d2t is None:
+            return None
+        return torch.zeros(self.config.vocab_size, dtype=torch.bool, device=self.d2t.device).index_fill_(0, self.d2t, True)
+
+    def d2t_offsets(self) -> torch.Tensor | None:
+        """speculators / EAGLE-3's `d2t` convention: target id = draft id + offset[draft id]."""
+        if self.d2t is None:
+            return None
+        return self.d2t - torch.arange(self.d2t.shape[0], device=self.d2t.device)
+
+    def to_draft_inputs(self, token_ids: torch.LongTensor) -> torch.LongTensor:
+        """Target ids -> the Markov head's W1 rows: their draft ids, and Vd (the "unknown" row) for ids outside
+        the draft vocabulary. The identity with the full vocabulary."""
+        if self.d2t is None:
+            return token_ids
+        vd = self.d2t.shape[0]
+        index = torch.searchsorted(self.d2t, token_ids.contiguous()).clamp_(max=vd - 1)
+        return torch.where(self.d2t[index] == token_ids, index, torch.full_like(index, vd))
+
+    def in_draft_vocab(self, token_ids: torch.LongTensor) -> torch.Tensor:
+        """Bool mask of the target ids the drafter can propose (all True with the full vocabulary)."""
+        if self.d2t is None:
+            return torch.ones_like(token_ids, dtype=torch.bool)
+        return self.to_draft_inputs(token_ids) < self.d2t.shape[0]
 
     def check_target(self, target: PreTrainedModel) -> None:
         """Raises `ValueError` if `target` does not match the fingerprint this drafter was built for."""
@@ -292,6 +374,8 @@ class DSparkDrafter(DSparkPreTrainedModel):
         embed, head = target.get_input_embeddings(), target.get_output_embeddings()
         if embed is None or head is None:
             raise ValueError("the target must expose input embeddings and an LM head (get_output_embeddings()).")
+        if self.d2t is not None:
+            validate_draft_vocab(self.d2t, cfg.draft_vocab_size, int(head.weight.shape[0]))
 
     def bind_target(self, target: PreTrainedModel) -> "DSparkDrafter":
         """Shares `target`'s (frozen) embedding and LM head with this drafter; checks the fingerprint first."""
@@ -315,8 +399,35 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return self._require_bound()[0](token_ids).to(self.dtype)
 
     def lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """The target's full LM head `[..., V]` (what the target's distributions come from)."""
         head = self._require_bound()[1]
         return head(hidden.to(head.weight.dtype))
+
+    def _head_rows(self, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The LM-head weight (and bias) rows the drafts use: all V, or the `d2t` rows, in `dtype` (None = as is).
+        Cached, detached (the head is frozen); rebuilt when the head, its values, `d2t` or the dtype change."""
+        head = self._require_bound()[1]
+        weight, bias = head.weight, getattr(head, "bias", None)
+        meta = (weight._version, weight.device, dtype,
+                None if self.d2t is None else (self.d2t._version, self.d2t.device, self.d2t.data_ptr()))
+        cached = self._draft_head
+        if cached is None or cached[0] is not weight or cached[1] != meta:
+            w, b = weight.detach(), None if bias is None else bias.detach()
+            if self.d2t is not None:
+                w = w.index_select(0, self.d2t.to(w.device))
+                b = None if b is None else b.index_select(0, self.d2t.to(b.device))
+            if dtype is not None:
+                w, b = w.to(dtype), None if b is None else b.to(dtype)
+            self._draft_head = cached = (weight, meta, w, b)
+        return cached[2], cached[3]
+
+    def draft_lm_head(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Base logits over the draft vocabulary `[..., Vd]` (the full LM head without a reduced vocabulary), in the
+        head's dtype; gradients flow to `hidden` only (the head is the target's, frozen)."""
+        if self.d2t is None:
+            return self.lm_head(hidden)
+        weight, bias = self._head_rows(None)
+        return nn.functional.linear(hidden.to(weight.dtype), weight, bias)
 
     def set_draft_head_dtype(self, dtype: torch.dtype | None) -> None:
         """Drafts' base logits from a copy of the target's LM head in `dtype` (e.g. `torch.bfloat16`).
@@ -330,15 +441,11 @@ class DSparkDrafter(DSparkPreTrainedModel):
         self._draft_head = None
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Base draft logits `[..., V]` (float32) of drafter states, in the dtype set by `set_draft_head_dtype`."""
-        if self._draft_head_dtype is None:
+        """Base draft logits `[..., Vd]` (float32; Vd = V without a reduced draft vocabulary) of drafter states, in
+        the dtype set by `set_draft_head_dtype`."""
+        if self._draft_head_dtype is None and self.d2t is None:
             return self.lm_head(hidden).float()
-        head = self._require_bound()[1]
-        if self._draft_head is None or self._draft_head[0] is not head.weight:
-            bias = getattr(head, "bias", None)
-            self._draft_head = (head.weight, head.weight.detach().to(self._draft_head_dtype),
-                                None if bias is None else bias.detach().to(self._draft_head_dtype))
-        _, weight, bias = self._draft_head
+        weight, bias = self._head_rows(self._draft_head_dtype)
         return nn.functional.linear(hidden.to(weight.dtype), weight, bias).float()
 
     def set_sts_temperatures(self, temperatures: Sequence[float] | None) -> None:
@@ -433,7 +540,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
             return self.layers[idx].self_attn.key_values(ctx, context_position_ids)
 
         hidden = self._backbone(block, positions, context, mask).reshape(b, a, k, -1)
-        return DSparkOutput(hidden_states=hidden, logits=self.lm_head(hidden) if return_logits else None)
+        return DSparkOutput(hidden_states=hidden, logits=self.draft_lm_head(hidden) if return_logits else None)
 
     # ------------------------------------------------------------------ inference
     def new_cache(self) -> DSparkContextCache:
@@ -484,7 +591,8 @@ class DSparkDrafter(DSparkPreTrainedModel):
             num_drafts: stop the sequential loop after this many slots (default `block_size`).
             candidates: override `config.draft_candidates` (0 = score the full vocabulary).
         Returns:
-            a `DraftBlock` with tokens `[B, K]`, processed logits `[B, K, V]` and confidences `[B, K]`.
+            a `DraftBlock` with tokens `[B, K]` (target ids), processed logits `[B, K, V]` over the full vocabulary
+            (-inf outside a reduced draft vocabulary) and confidences `[B, K]`.
         """
         if cache.valid is None:
             raise ValueError("the drafter cache is empty: append the target's context rows before drafting")
@@ -502,7 +610,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         hidden = self._backbone(
             self.block_embeddings(anchor_ids), positions, lambda i: (cache.keys[i], cache.values[i]), mask
         )  # [B, K, d]
-        base_logits = self.draft_logits(hidden[:, :num_drafts])  # [B, K, V] float32
+        base_logits = self.draft_logits(hidden[:, :num_drafts])  # [B, K, Vd] float32
         prepared = self.prepare_candidates(base_logits, candidates)
         return self.sample_block(
             hidden[:, :num_drafts], base_logits, anchor_ids, do_sample=do_sample, sampling=sampling,
@@ -538,12 +646,16 @@ class DSparkDrafter(DSparkPreTrainedModel):
     ) -> DraftBlock:
         """The sequential stage: left to right, bias U_k by the head, process, sample or argmax, score confidence.
 
-        hidden `[B, K, d]`, base_logits `[B, K, V]` float32, anchor_ids `[B]`. Logits processing comes either from
+        hidden `[B, K, d]`, base_logits `[B, K, Vd]` float32 (draft ids; Vd = V without a reduced draft
+        vocabulary), anchor_ids `[B]` (target ids). The loop works in draft ids; tokens come back as target ids and the
+        logits over the full vocabulary, -inf outside the draft vocabulary. Logits processing comes either from
         `sampling` (an object with `.warp(logits)` and `.do_sample`, e.g. `SamplingParams`; applied to the candidate
         logits directly) or from an HF-style `logits_processor(ids, scores [B, V])`. `candidates` overrides
         `config.draft_candidates` (0 = full vocabulary); `prepared` passes `prepare_candidates`' result instead.
         """
-        b, num_drafts, vocab = base_logits.shape
+        b, num_drafts, _ = base_logits.shape
+        vocab = self.config.vocab_size
+        d2t = self.d2t  # None: draft ids are target ids
         if sampling is not None:
             do_sample = bool(sampling.do_sample)
         if prepared is None:
@@ -551,11 +663,13 @@ class DSparkDrafter(DSparkPreTrainedModel):
         restrict = prepared is not None
         head = self.markov_head
         if restrict:
-            cand_values, cand_ids, cand_rows = prepared  # [B, K, M], [B, K, M], [B, K, M, r]
+            cand_values, cand_ids, cand_rows = prepared  # [B, K, M], [B, K, M] draft ids, [B, K, M, r]
+            cand_targets = cand_ids if d2t is None else d2t[cand_ids]  # their target ids
         state = None if head is None else head.init_state(b, hidden.device, hidden.dtype)
         ids = prefix_ids if prefix_ids is not None else anchor_ids[:, None]
-        prev = anchor_ids
-        compact = restrict and logits_processor is None  # keep [B, M] logits until the end
+        prev = self.to_draft_inputs(anchor_ids)  # the head's W1 row of the previous token (draft id or "unknown")
+        # keep [B, M] / [B, Vd] logits until the end (HF processors need the full vocabulary at every step)
+        compact = (restrict or d2t is not None) and logits_processor is None
         tokens, logits, features_all = [], [], []
         for slot in range(num_drafts):
             if restrict:
@@ -571,9 +685,12 @@ class DSparkDrafter(DSparkPreTrainedModel):
             if head is not None:
                 features_all.append(features)
             if logits_processor is not None:
-                if restrict:  # HF processors need the whole vocabulary; tokens outside the candidates stay at -inf
+                # HF processors need the whole vocabulary; tokens outside the candidates / draft vocab stay at -inf
+                if restrict:
                     step_logits = base_logits.new_full((b, vocab), float("-inf")).scatter(
-                        1, cand_ids[:, slot], step_logits)
+                        1, cand_targets[:, slot], step_logits)
+                elif d2t is not None:
+                    step_logits = base_logits.new_full((b, vocab), float("-inf")).index_copy(1, d2t, step_logits)
                 step_logits = logits_processor(ids, step_logits)
             elif sampling is not None:
                 step_logits = sampling.warp(step_logits)
@@ -581,15 +698,22 @@ class DSparkDrafter(DSparkPreTrainedModel):
                 pick = torch.multinomial(torch.softmax(step_logits, dim=-1), 1, generator=generator).squeeze(-1)
             else:
                 pick = step_logits.argmax(dim=-1)
-            token = cand_ids[:, slot].gather(1, pick[:, None]).squeeze(1) if compact else pick
+            if not compact:  # pick is a target id (the processor saw the full vocabulary, or there is no reduction)
+                token, prev = pick, self.to_draft_inputs(pick)
+            elif restrict:
+                token = cand_targets[:, slot].gather(1, pick[:, None]).squeeze(1)
+                prev = cand_ids[:, slot].gather(1, pick[:, None]).squeeze(1)
+            else:  # pick is a draft id
+                token, prev = d2t[pick], pick
             if logits_processor is not None:  # id-dependent processors see the drafts so far
                 ids = torch.cat([ids, token[:, None]], dim=-1)
             tokens.append(token)
             logits.append(step_logits)
-            prev = token
         stacked = torch.stack(logits, dim=1)
-        if compact:  # the exact draft distribution: softmax over the candidates, zero elsewhere
-            stacked = base_logits.new_full((b, num_drafts, vocab), float("-inf")).scatter(2, cand_ids, stacked.float())
+        if compact:  # the exact draft distribution: softmax over the candidates / draft ids, zero elsewhere
+            full = base_logits.new_full((b, num_drafts, vocab), float("-inf"))
+            stacked = (full.scatter(2, cand_targets, stacked.float()) if restrict
+                       else full.index_copy(2, d2t, stacked.float()))
         raw = confidences = None
         if self.confidence_head is not None:
             # c_k reads h_k and W1[x_{k-1}]; it does not steer sampling, so it is scored once for the whole block.
@@ -608,7 +732,58 @@ class DSparkDrafter(DSparkPreTrainedModel):
         )
 
 
+def _check_stored_draft_vocab(folder) -> None:
+    """For a local checkpoint folder: a clear error when its stored `d2t` does not fit its `draft_vocab_size` (before
+    transformers' generic size-mismatch error). Other sources are left to the regular loading checks."""
+    import json
+    import os
+
+    try:
+        path = os.fspath(folder)
+    except TypeError:
+        return
+    config_path, weights_path = os.path.join(path, "config.json"), os.path.join(path, "model.safetensors")
+    if not (os.path.isfile(config_path) and os.path.isfile(weights_path)):
+        return
+    try:
+        from safetensors import safe_open
+
+        size = json.loads(open(config_path).read()).get("draft_vocab_size")
+        with safe_open(weights_path, framework="pt") as handle:
+            shape = handle.get_slice("d2t").get_shape() if "d2t" in handle.keys() else None
+    except Exception:  # unreadable files: the regular loading path reports them
+        return
+    if size is None and shape is not None:
+        raise ValueError(f"the checkpoint at {path} stores a draft vocabulary mapping (d2t) but its config has no "
+                         "draft_vocab_size")
+    if size is not None and shape is None:
+        raise ValueError(f"the checkpoint at {path} has draft_vocab_size={size} but stores no draft vocabulary "
+                         "mapping (d2t)")
+    if size is not None and list(shape) != [int(size)]:
+        raise ValueError(f"the checkpoint at {path} holds a bad draft vocabulary mapping (d2t): shape {list(shape)}, "
+                         f"but draft_vocab_size is {size}")
+
+
+def validate_draft_vocab(d2t: torch.Tensor, draft_vocab_size: int | None, vocab_size: int) -> None:
+    """Raises `ValueError` unless `d2t` is a valid draft -> target id mapping: 1-D integer, `draft_vocab_size`
+    entries, strictly increasing (so unique) target ids in [0, vocab_size)."""
+    if d2t.dim() != 1 or d2t.is_floating_point() or d2t.dtype == torch.bool:
+        raise ValueError(f"d2t must be a 1-D integer tensor of target ids, got shape {tuple(d2t.shape)} dtype {d2t.dtype}")
+    if draft_vocab_size is not None and d2t.shape[0] != draft_vocab_size:
+        raise ValueError(f"d2t holds {d2t.shape[0]} ids but DSparkConfig.draft_vocab_size is {draft_vocab_size}")
+    if d2t.numel() == 0:
+        raise ValueError("d2t is empty")
+    lo, hi = int(d2t.min()), int(d2t.max())
+    if lo < 0 or hi >= vocab_size:
+        raise ValueError(f"d2t ids must lie in [0, {vocab_size}) (the target's vocabulary), got ids in [{lo}, {hi}]")
+    unique, counts = torch.unique(d2t, return_counts=True)
+    if unique.numel() != d2t.numel():
+        raise ValueError(f"d2t has duplicate target ids, e.g. {unique[counts > 1][:5].tolist()}")
+    if bool((d2t[1:] < d2t[:-1]).any()):
+        raise ValueError("d2t must be sorted in increasing order of target id (draft id i <-> i-th smallest id)")
+
+
 DSparkConfig.register_for_auto_class()
 DSparkDrafter.register_for_auto_class("AutoModel")
 
-__all__ = ["DSparkDrafter", "DSparkPreTrainedModel", "DSparkOutput"]
+__all__ = ["DSparkDrafter", "DSparkPreTrainedModel", "DSparkOutput", "validate_draft_vocab"]

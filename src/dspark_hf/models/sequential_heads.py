@@ -17,6 +17,11 @@ Every head exposes the same entry points:
 * `teacher_forced(prev_token_ids [B, K], hidden [B, K, d]) -> (bias [B, K, V], features [B, K, r])` for training
   (the previous tokens are [anchor, ground truth ...]); identical biases for identical prefixes.
 
+With a reduced draft vocabulary (`DSparkConfig.draft_vocab_size` = Vd) the heads live in it: W2 is r x Vd (the bias
+covers the draft ids only) and W1 has `num_inputs` = Vd + 1 rows indexed by the *draft* id of the previous token, the
+last row standing for any previous token outside the draft vocabulary (only the anchor can be one at inference; the
+drafter maps target ids to these rows, see `DSparkDrafter.to_draft_inputs`). With the full vocabulary W1 has V rows.
+
 `features` is W1[x_{k-1}], which the confidence head c_k = sigmoid(w . [h_k; W1[x_{k-1}]] + b) also reads. Parameter
 names follow deepseek-ai/DeepSpec (`markov_w1`, `markov_w2`, `gate_proj`, `confidence_head.proj`) so its checkpoints map
 onto ours. Imports nothing from `dspark_hf` (copied next to checkpoints for trust_remote_code loading).
@@ -54,9 +59,9 @@ class _LowRankBias(nn.Module):
 class MarkovHead(_LowRankBias):
     """First-order low-rank transition bias B(x_{k-1}, .) = W2 W1[x_{k-1}]."""
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, num_inputs: int | None = None) -> None:
         super().__init__()
-        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w1 = nn.Embedding(num_inputs or vocab_size, rank)
         self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
 
     def init_state(self, batch_size: int, device: torch.device, dtype: torch.dtype) -> Any:
@@ -79,8 +84,8 @@ class MarkovHead(_LowRankBias):
 class GatedMarkovHead(MarkovHead):
     """Markov head whose transition embedding is gated by the backbone hidden state (DeepSpec's "gated" variant)."""
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
-        super().__init__(vocab_size, rank, hidden_size)
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, num_inputs: int | None = None) -> None:
+        super().__init__(vocab_size, rank, hidden_size, num_inputs)
         self.gate_proj = nn.Linear(hidden_size + rank, rank)
 
     def _latent(self, features: torch.Tensor, hidden: torch.Tensor) -> torch.Tensor:
@@ -91,10 +96,10 @@ class GatedMarkovHead(MarkovHead):
 class RNNHead(_LowRankBias):
     """Gated recurrent head: the state accumulates the whole in-block prefix (paper section 3.1)."""
 
-    def __init__(self, vocab_size: int, rank: int, hidden_size: int) -> None:
+    def __init__(self, vocab_size: int, rank: int, hidden_size: int, num_inputs: int | None = None) -> None:
         super().__init__()
         self.rank = rank
-        self.markov_w1 = nn.Embedding(vocab_size, rank)
+        self.markov_w1 = nn.Embedding(num_inputs or vocab_size, rank)
         self.markov_w2 = nn.Linear(rank, vocab_size, bias=False)
         self.rnn_proj = nn.Linear(2 * rank + hidden_size, 3 * rank)
 
@@ -144,12 +149,16 @@ SEQUENTIAL_HEAD_CLASSES: dict[str, type[nn.Module]] = {
 }
 
 
-def build_sequential_head(kind: str, vocab_size: int, rank: int, hidden_size: int) -> nn.Module | None:
-    """Returns the head for `kind`, or `None` for "none" (the DFlash baseline)."""
+def build_sequential_head(
+    kind: str, vocab_size: int, rank: int, hidden_size: int, num_inputs: int | None = None
+) -> nn.Module | None:
+    """Returns the head for `kind`, or `None` for "none" (the DFlash baseline).
+
+    `vocab_size`: the ids the bias covers (W2 rows); `num_inputs`: W1 rows (default `vocab_size`)."""
     if kind == "none":
         return None
     try:
         cls = SEQUENTIAL_HEAD_CLASSES[kind]
     except KeyError as err:
         raise ValueError(f"unknown sequential_head {kind!r}; choose one of {sorted(SEQUENTIAL_HEAD_CLASSES)} or 'none'") from err
-    return cls(vocab_size, rank, hidden_size)
+    return cls(vocab_size, rank, hidden_size, num_inputs)

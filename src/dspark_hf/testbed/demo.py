@@ -16,11 +16,15 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 
 from ..models.modeling_dspark import DSparkDrafter
+
+__all__ = ["DEFAULT_PROMPTS", "DemoRow", "DemoSetup", "build_toy_pair", "format_rows", "main", "prepare_demo",
+           "run_demo"]
 
 DEFAULT_PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -95,21 +99,71 @@ def run_demo(target, drafter, tokenizer=None, prompts=None, max_new_tokens: int 
     return rows
 
 
-def print_rows(rows: list[DemoRow]) -> None:
+def format_rows(rows: list[DemoRow]) -> str:
+    """The demo's report: per prompt its text, tau, both speeds and the lossless check; then the means."""
+    lines = []
     for row in rows:
-        print(f"\n--- {row.prompt}\n{row.text.strip()}")
-        print(f"    tau {row.tau:.2f} | speculative {row.spec_tokens_per_s:.1f} tok/s vs target-only "
-              f"{row.target_tokens_per_s:.1f} tok/s ({row.speedup:.2f}x) | identical to target greedy: "
-              f"{'yes' if row.identical else 'NO'}")
+        lines.append(f"\n--- {row.prompt}\n{row.text.strip()}")
+        lines.append(f"    tau {row.tau:.2f} | speculative {row.spec_tokens_per_s:.1f} tok/s vs target-only "
+                     f"{row.target_tokens_per_s:.1f} tok/s ({row.speedup:.2f}x) | identical to target greedy: "
+                     f"{'yes' if row.identical else 'NO'}")
     tau = sum(r.tau for r in rows) / len(rows)
     speed = sum(r.new_tokens for r in rows) / sum(r.new_tokens / r.spec_tokens_per_s for r in rows)
     base = sum(r.new_tokens for r in rows) / sum(r.new_tokens / r.target_tokens_per_s for r in rows)
-    print(f"\nmean tau {tau:.2f}; speculative {speed:.1f} tok/s vs target-only {base:.1f} tok/s "
-          f"({speed / base:.2f}x); all outputs identical to target greedy: {all(r.identical for r in rows)}")
+    lines.append(f"\nmean tau {tau:.2f}; speculative {speed:.1f} tok/s vs target-only {base:.1f} tok/s "
+                 f"({speed / base:.2f}x); all outputs identical to target greedy: {all(r.identical for r in rows)}")
+    return "\n".join(lines)
+
+
+@dataclass
+class DemoSetup:
+    """The pair the demo runs, its tokenizer (None for `--toy`) and a line saying what it is (may be empty)."""
+
+    target: PreTrainedModel
+    drafter: DSparkDrafter
+    tokenizer: Any
+    description: str = ""
+
+
+TOY_NOTE = ("--toy: a small RANDOM Llama target and an UNTRAINED DSpark drafter.\nIts drafts are almost never "
+            "accepted (tau ~ 1): this run shows the mechanics and the lossless check, not a speedup.")
+
+
+def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = None, toy: bool = False,
+                 draft_head_dtype: str | torch.dtype | None = None) -> DemoSetup:
+    """The demo's target and drafter: the toy pair (`toy`), or the target (`load_target`: registry name or folder)
+    with the drafter folder `drafter`, else with its release drafter (`ValueError` when it has none).
+    `draft_head_dtype` (`"bfloat16"`, `"float32"` or a dtype) goes to `DSparkDrafter.set_draft_head_dtype`."""
+    from .release import RELEASES, load_release_drafter
+
+    torch.manual_seed(0)
+    description = ""
+    if toy:
+        description = TOY_NOTE
+        target_model, drafter_model = build_toy_pair()
+        tokenizer = None
+    else:
+        if not drafter and target not in RELEASES:
+            raise ValueError(f"no release drafter for {target!r}: pass a drafter folder (or use the toy pair)")
+        from .targets import load_target
+
+        target_model, tokenizer = load_target(target)
+        if drafter:
+            drafter_model = DSparkDrafter.from_pretrained(drafter, target=target_model, dtype=target_model.dtype).eval()
+        else:
+            drafter_model = load_release_drafter(target, target_model)
+            description = (f"target {target} with its release DSpark drafter "
+                           f"(block {drafter_model.config.block_size}, {drafter_model.config.sequential_head} head)")
+    if isinstance(draft_head_dtype, str):
+        draft_head_dtype = getattr(torch, draft_head_dtype)
+    drafter_model.set_draft_head_dtype(draft_head_dtype)
+    return DemoSetup(target_model, drafter_model, tokenizer, description)
 
 
 def main(argv: list[str] | None = None) -> list[DemoRow]:
-    from .release import RELEASES, load_release_drafter
+    """`dspark-hf demo` (its argument parser lives here, the CLI forwards to it): prints the report, returns the
+    rows."""
+    from .release import RELEASES
 
     parser = argparse.ArgumentParser(prog="dspark-hf demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="smollm2-135m-instruct",
@@ -121,25 +175,19 @@ def main(argv: list[str] | None = None) -> list[DemoRow]:
     parser.add_argument("--draft-head-dtype", choices=["bfloat16", "float32"],
                         help="draft from a copy of the LM head in this dtype (default: the head itself; lossless)")
     args = parser.parse_args(argv)
-    torch.manual_seed(0)
-    if args.toy:
-        print("--toy: a small RANDOM Llama target and an UNTRAINED DSpark drafter.\nIts drafts are almost never "
-              "accepted (tau ~ 1): this run shows the mechanics and the lossless check, not a speedup.")
-        target, drafter = build_toy_pair()
-        tokenizer = None
-    else:
-        from .targets import load_target
-
-        target, tokenizer = load_target(args.target)
-        if args.drafter:
-            drafter = DSparkDrafter.from_pretrained(args.drafter, target=target, dtype=target.dtype).eval()
-        elif args.target in RELEASES:
-            drafter = load_release_drafter(args.target, target)
-            print(f"target {args.target} with its release DSpark drafter "
-                  f"(block {drafter.config.block_size}, {drafter.config.sequential_head} head)")
-        else:
-            parser.error(f"no release drafter for {args.target!r}: pass --drafter FOLDER (or use --toy)")
-    drafter.set_draft_head_dtype(getattr(torch, args.draft_head_dtype) if args.draft_head_dtype else None)
-    rows = run_demo(target, drafter, tokenizer, args.prompt, args.max_new_tokens)
-    print_rows(rows)
+    if not args.toy and not args.drafter and args.target not in RELEASES:
+        parser.error(f"no release drafter for {args.target!r}: pass --drafter FOLDER (or use --toy)")
+    setup = prepare_demo(args.target, args.drafter, args.toy, args.draft_head_dtype)
+    if setup.description:
+        print(setup.description)
+    rows = run_demo(setup.target, setup.drafter, setup.tokenizer, args.prompt, args.max_new_tokens)
+    print(format_rows(rows))
     return rows
+
+
+if __name__ == "__main__":  # `python -m dspark_hf.testbed.demo`: the same as `dspark-hf ...`
+    from dspark_hf.logging_utils import configure_logging
+    from dspark_hf.testbed.demo import main as _main  # the imported module: its logger is dspark_hf.*
+
+    configure_logging()
+    _main()

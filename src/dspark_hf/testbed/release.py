@@ -16,6 +16,20 @@ from pathlib import Path
 
 import torch
 
+__all__ = [
+    "MAX_RELEASE_BYTES",
+    "QUANTIZED",
+    "RELEASES",
+    "RELEASE_DIR",
+    "export_release",
+    "export_target_release",
+    "folder_bytes",
+    "load_release",
+    "load_release_drafter",
+    "quantize_rows",
+    "release_path",
+]
+
 RELEASE_DIR = Path(__file__).resolve().parent / "releases"
 MAX_RELEASE_BYTES = 40_000_000
 # registered target name -> release folder name
@@ -74,6 +88,10 @@ def load_release(path: str | Path, target=None, dtype: torch.dtype = torch.float
         raise ValueError(f"the release drafter at {path} does not match its config: missing {missing[:5]}, "
                          f"unexpected {unexpected[:5]}, mis-shaped {shapes[:5]}")
     drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+    if drafter.d2t is not None:  # a reduced draft vocabulary: its stored mapping must be valid
+        from ..models.modeling_dspark import validate_draft_vocab
+
+        validate_draft_vocab(drafter.d2t, config.draft_vocab_size, config.vocab_size)
     drafter = drafter.to(dtype).eval()
     if target is not None:
         drafter.bind_target(target)
@@ -86,6 +104,7 @@ def load_release_drafter(target_name: str, target):
 
 
 def folder_bytes(path: Path) -> int:
+    """Total size of the files under `path`, in bytes."""
     return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file())
 
 
@@ -104,7 +123,8 @@ def export_release(drafter_dir: str | Path, out_dir: str | Path, dtype: torch.dt
         if name in quantized:
             tensors[f"{name}.int8"], tensors[f"{name}.scale"] = quantize_rows(tensor)
         else:
-            tensors[name] = tensor.detach().to(dtype).contiguous()
+            # integer tensors (a reduced draft vocabulary's d2t ids) keep their dtype: a float cast would corrupt ids
+            tensors[name] = (tensor.detach().to(dtype) if tensor.is_floating_point() else tensor.detach()).contiguous()
     out_dir = Path(out_dir)
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / f".{out_dir.name}.tmp"
@@ -126,3 +146,11 @@ def export_release(drafter_dir: str | Path, out_dir: str | Path, dtype: torch.dt
     tmp.rename(out_dir)
     shutil.rmtree(old, ignore_errors=True)
     return out_dir
+
+
+def export_target_release(drafter_dir: str | Path, target_name: str) -> Path:
+    """`dspark-hf release`: `export_release` of `drafter_dir` into the package's release folder of the registered
+    target `target_name` (one of `RELEASES`; `KeyError` otherwise). Returns that folder."""
+    if target_name not in RELEASES:
+        raise KeyError(f"no release folder for target {target_name!r}; releases exist for {sorted(RELEASES)}")
+    return export_release(drafter_dir, RELEASE_DIR / RELEASES[target_name])

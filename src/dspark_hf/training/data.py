@@ -7,19 +7,36 @@
 * `sample_anchors`: anchor positions p where token p and p+1 are both inside the loss mask; slot k of the block
   anchored at p predicts token p + k + 1 and is supervised while every label up to it is inside the mask
   (cumulative-product mask).
+* `build_training_data` (`dspark-hf data`): a prompt file + a target -> `generate_responses` (+ a Markdown summary).
 """
 
 from __future__ import annotations
 
 import json
+import os
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import torch
+from transformers.utils import logging
 
 from ..provenance import atomic_write_json, atomic_write_text, provenance
+
+__all__ = [
+    "DataBuild",
+    "GenerationRecipe",
+    "TokenizedExample",
+    "build_training_data",
+    "chat_prompt_ids",
+    "generate_responses",
+    "read_examples",
+    "sample_anchors",
+    "summarize_data",
+]
+
+logger = logging.get_logger(__name__)
 
 
 @dataclass
@@ -34,6 +51,7 @@ class GenerationRecipe:
     seed: int = 0
     max_prompt_tokens: int = 512
     shard_size: int = 256
+    compress: bool = False  # gzip the shards (data-*.jsonl.gz): about 4x smaller, for committing data at scale
 
 
 @dataclass
@@ -63,19 +81,45 @@ def chat_prompt_ids(tokenizer, messages: list[dict[str, str]], max_prompt_tokens
     return ids
 
 
-def _shard_path(out_dir: Path, index: int) -> Path:
-    return out_dir / f"data-{index:05d}.jsonl"
+def _shard_path(out_dir: Path, index: int, compress: bool = False) -> Path:
+    return out_dir / f"data-{index:05d}.jsonl{'.gz' if compress else ''}"
+
+
+def _shards(data_dir: Path) -> list[Path]:
+    """Finished shards, plain or gzipped, in index order (temporary files start with a dot and never match)."""
+    return sorted([*data_dir.glob("data-*.jsonl"), *data_dir.glob("data-*.jsonl.gz")],
+                  key=lambda p: p.name.split(".")[0])
+
+
+def _read_shard(shard: Path) -> list[str]:
+    if shard.suffix == ".gz":
+        import gzip
+
+        return gzip.decompress(shard.read_bytes()).decode("utf-8").splitlines()
+    return shard.read_text().splitlines()
+
+
+def _write_shard(path: Path, examples: list["TokenizedExample"]) -> None:
+    text = "\n".join(e.to_json() for e in examples) + "\n"
+    if path.suffix == ".gz":
+        import gzip
+
+        from ..provenance import atomic_write_bytes
+
+        atomic_write_bytes(path, gzip.compress(text.encode("utf-8"), compresslevel=9, mtime=0))
+    else:
+        atomic_write_text(path, text)
 
 
 def read_examples(data_dir: str | Path) -> list[TokenizedExample]:
     """All examples of a data folder (finished shards only)."""
     data_dir = Path(data_dir)
-    shards = sorted(data_dir.glob("data-*.jsonl"))
+    shards = _shards(data_dir)
     if not shards:
-        raise FileNotFoundError(f"no data shards (data-*.jsonl) in {data_dir}; run `dspark-hf data` first")
+        raise FileNotFoundError(f"no data shards (data-*.jsonl[.gz]) in {data_dir}; run `dspark-hf data` first")
     out = []
     for shard in shards:
-        for line in shard.read_text().splitlines():
+        for line in _read_shard(shard):
             if line.strip():
                 out.append(TokenizedExample(**json.loads(line)))
     return out
@@ -106,8 +150,8 @@ def summarize_data(data_dir: str | Path) -> str:
 
 def _done_ids(out_dir: Path) -> set[str]:
     done = set()
-    for shard in sorted(out_dir.glob("data-*.jsonl")):
-        for line in shard.read_text().splitlines():
+    for shard in _shards(out_dir):
+        for line in _read_shard(shard):
             if line.strip():
                 done.add(json.loads(line)["id"])
     return done
@@ -141,7 +185,7 @@ def generate_responses(
         raise ValueError("prompt ids must be unique")
     done = _done_ids(out_dir)
     todo = [p for p in prompts if str(p["id"]) not in done]
-    shard_index = len(list(out_dir.glob("data-*.jsonl")))
+    shard_index = len(_shards(out_dir))
     atomic_write_json(out_dir / "manifest.json", {
         "recipe": asdict(recipe), "target": getattr(target.config, "_name_or_path", ""),
         "num_prompts": len(prompts), "provenance": provenance(target.device),
@@ -184,14 +228,65 @@ def generate_responses(
         if bar is not None:
             bar.update(len(batch))
         while len(pending) >= recipe.shard_size:
-            atomic_write_text(_shard_path(out_dir, shard_index),
-                              "\n".join(e.to_json() for e in pending[: recipe.shard_size]) + "\n")
+            _write_shard(_shard_path(out_dir, shard_index, recipe.compress), pending[: recipe.shard_size])
             pending, shard_index = pending[recipe.shard_size:], shard_index + 1
     if pending:
-        atomic_write_text(_shard_path(out_dir, shard_index), "\n".join(e.to_json() for e in pending) + "\n")
+        _write_shard(_shard_path(out_dir, shard_index, recipe.compress), pending)
     if bar is not None:
         bar.close()
     return out_dir
+
+
+@dataclass
+class DataBuild:
+    """What `build_training_data` did: the data folder, the broken prompt lines it skipped, and the Markdown summary
+    it wrote (None without `report`)."""
+
+    out_dir: Path
+    skipped_lines: int = 0
+    summary: str | None = None
+
+
+def build_training_data(
+    target: Any,
+    prompts: str | os.PathLike,
+    out_dir: str | Path,
+    recipe: GenerationRecipe | None = None,
+    *,
+    tokenizer: Any = None,
+    limit: int | None = None,
+    on_error: str = "skip",
+    report: str | Path | None = None,
+    progress: bool = True,
+) -> DataBuild:
+    """`dspark-hf data`: the target answers the prompts of a JSONL file (`generate_responses`, resumable).
+
+    Args:
+        target: the target model (with `tokenizer`), or its registry name / folder (loaded with `load_target`).
+        prompts: JSONL with `messages` (or `prompt`) per line; broken lines are skipped with a warning
+            (`on_error="skip"`) or raise (`"raise"`), see `read_prompts_jsonl`.
+        limit: answer only the first `limit` prompts.
+        report: also write a Markdown summary of the data folder (`summarize_data`) to this file.
+    """
+    from .prompts import read_prompts_jsonl
+
+    rows, skipped = read_prompts_jsonl(prompts, on_error=on_error)
+    if skipped:
+        logger.warning(f"skipped {skipped} broken line(s) of {prompts}")
+    rows = rows[:limit] if limit else rows
+    if isinstance(target, (str, os.PathLike)):
+        from ..testbed.targets import load_target
+
+        target, loaded_tokenizer = load_target(target)
+        tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
+    if tokenizer is None:
+        raise ValueError("build_training_data needs the target's tokenizer when given a target model")
+    out = Path(generate_responses(target, tokenizer, rows, out_dir, recipe, progress=progress))
+    summary = None
+    if report is not None:
+        summary = summarize_data(out)
+        atomic_write_text(Path(report), f"# Training data\n\n{summary}\n")
+    return DataBuild(out, skipped, summary)
 
 
 def sample_anchors(

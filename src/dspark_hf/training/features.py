@@ -24,6 +24,8 @@ from .data import TokenizedExample
 from ..provenance import atomic_write_json
 from ..decoding.sps import target_fingerprint
 
+__all__ = ["FeatureBatch", "FeatureCache", "OnlineFeatures", "build_feature_cache", "pad_examples"]
+
 
 @dataclass
 class FeatureBatch:

@@ -9,6 +9,18 @@ For N supervised blocks of K slots, with position weights w_k = exp(-(k - 1) / g
 each averaged over the supervised slots with weights w_k, combined as alpha_ce * CE + alpha_tv * TV +
 alpha_conf * conf (paper: 0.1, 0.9, 1.0). The DFlash baseline uses CE only (alpha_tv = alpha_conf = 0).
 Diagnostics: accept_rate@k (mean c* at slot k) and the expected accepted length 1 + sum_j prod_{i<=j} c*_i.
+
+Reduced draft vocabulary (`draft_vocab` = the drafter's `d2t`, Vd sorted target ids): the draft logits are `[N, K, Vd]`
+over the draft ids, p_d is zero outside them, the target logits stay full-vocabulary `[N, K, V]`. Then
+
+* TV   = sum_{draft ids} |p_d - p_t| + (target mass outside the draft vocabulary), the exact ||p_d - p_t||_1 over the
+         full vocabulary; p_t on the draft ids is exp(z_t[d2t] - logsumexp_V z_t) and the outside mass is
+         1 - exp(logsumexp_{d2t} z_t - logsumexp_V z_t), so no [N, K, V] softmax or difference is formed,
+* c*   = 1 - 0.5 * TV as before (the outside mass can never be accepted),
+* CE   is masked where the label lies outside the draft vocabulary (the drafter cannot propose it; its TV and c* terms
+         stay, they carry the lost mass), with its own normaliser (the weighted count of in-vocabulary slots), and
+* every slot *after* an out-of-vocabulary label is dropped from all terms: its teacher-forced prefix contains a token
+  the drafter never drafts, a state verification never reaches.
 """
 
 from __future__ import annotations
@@ -60,6 +72,7 @@ def dspark_loss(
     mask: torch.Tensor,
     confidence_logits: torch.Tensor | None,
     weights: LossWeights,
+    draft_vocab: torch.Tensor | None = None,
 ) -> LossOutput:
     """The three DSpark terms.
 
@@ -70,18 +83,40 @@ def dspark_loss(
         mask: `[N, K]` bool, supervised slots (cumulative-product mask).
         confidence_logits: `[N, K]` or None (no confidence head).
         weights: loss weights and position decay.
+        draft_vocab: `[Vd]` sorted target ids of a reduced draft vocabulary (the drafter's `d2t`); then
+            `draft_logits` is `[N, K, Vd]` (draft ids) while `target_logits` and `labels` stay in target ids.
     """
     n, k, _ = draft_logits.shape
+    device = draft_logits.device
     mask = mask.bool()
-    w = position_weights(k, weights.decay, draft_logits.device)[None, :].expand(n, k) * mask
+    labels = labels.clamp(min=0)
+    ce_mask = mask
+    if draft_vocab is not None:
+        d2t = draft_vocab.to(device)
+        index = torch.searchsorted(d2t, labels.contiguous()).clamp(max=d2t.shape[0] - 1)
+        in_vocab = d2t[index] == labels
+        labels = index  # draft ids (meaningless where not in_vocab: masked)
+        reachable = torch.cat([torch.ones_like(in_vocab[:, :1]), in_vocab[:, :-1]], dim=1).long().cumprod(dim=1)
+        mask = mask & reachable.bool()
+        ce_mask = mask & in_vocab
+    pos_w = position_weights(k, weights.decay, device)[None, :].expand(n, k)
+    w = pos_w * mask
+    w_ce = pos_w * ce_mask
     denom = w.sum().clamp(min=1e-8)
     logp_d = F.log_softmax(draft_logits.float(), dim=-1)
     p_d = logp_d.exp()
     with torch.no_grad():
-        p_t = F.softmax(target_logits.float(), dim=-1)
-    ce_pos = F.nll_loss(logp_d.reshape(n * k, -1), labels.reshape(-1).clamp(min=0), reduction="none").view(n, k)
-    l1_pos = (p_d - p_t).abs().sum(dim=-1)  # [N, K], in [0, 2]
-    ce = (ce_pos * w).sum() / denom
+        z_t = target_logits.float()
+        if draft_vocab is None:
+            p_t, outside = F.softmax(z_t, dim=-1), 0.0
+        else:
+            lse = torch.logsumexp(z_t, dim=-1, keepdim=True)  # [N, K, 1] over the full vocabulary
+            z_in = z_t.index_select(-1, d2t)  # [N, K, Vd]
+            p_t = torch.exp(z_in - lse)
+            outside = (-torch.expm1(torch.logsumexp(z_in, dim=-1) - lse.squeeze(-1))).clamp(min=0.0)  # [N, K]
+    ce_pos = F.nll_loss(logp_d.reshape(n * k, -1), labels.reshape(-1), reduction="none").view(n, k)
+    l1_pos = (p_d - p_t).abs().sum(dim=-1) + outside  # [N, K], in [0, 2]
+    ce = (ce_pos * w_ce).sum() / w_ce.sum().clamp(min=1e-8)
     tv = (l1_pos * w).sum() / denom
     c_star = (1.0 - 0.5 * l1_pos).detach().clamp(0.0, 1.0)
     if confidence_logits is not None:

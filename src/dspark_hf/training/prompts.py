@@ -37,7 +37,7 @@ import re
 import warnings
 import zlib
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -55,6 +55,27 @@ FORTUNE_FILES = ("computers", "education", "food", "fortunes", "goedel", "humori
                  "magic", "miscellaneous", "paradoxum", "people", "pets", "platitudes", "science", "songs-poems",
                  "sports", "startrek", "tao", "wisdom", "work")
 PYTHON_DOCS_PARTS = ("library", "tutorial", "howto", "faq", "reference")
+
+__all__ = [
+    "DEFAULT_GYM_SOURCES",
+    "FORTUNE_FILES",
+    "FORTUNE_TEMPLATES",
+    "GYM_CODE_TEMPLATE",
+    "GYM_STYLES",
+    "PROMPT_FAMILIES",
+    "PYTHON_DOCS_PARTS",
+    "GymSource",
+    "TrainingPromptRecipe",
+    "build_training_prompts",
+    "count_by_source",
+    "eval_overlap",
+    "exclude_prompts",
+    "prompt_family",
+    "read_prompts_jsonl",
+    "sample_by_family",
+    "write_jsonl",
+    "write_training_prompts",
+]
 
 
 @dataclass(frozen=True)
@@ -118,6 +139,16 @@ class TrainingPromptRecipe:
         sources = [s.source for s in self.reasoning_gym]
         if len(sources) != len(set(sources)):
             raise ValueError("each reasoning-gym (name, style) may appear once in a recipe")
+
+    def scaled(self, factor: float) -> "TrainingPromptRecipe":
+        """The same recipe asking every source for `factor` times as many prompts (rounded; sources that run out of
+        distinct prompts give what they have, with a warning). `scaled(1)` is the recipe itself."""
+        if factor <= 0:
+            raise ValueError(f"scale must be > 0, got {factor}")
+        return dataclasses.replace(
+            self, reasoning_gym=tuple(dataclasses.replace(s, count=round(s.count * factor)) for s in self.reasoning_gym),
+            codeio=round(self.codeio * factor), chatterbot=round(self.chatterbot * factor),
+            python_docs=round(self.python_docs * factor), fortunes=round(self.fortunes * factor))
 
     def counts(self) -> dict[str, int]:
         """source -> requested count."""
@@ -354,6 +385,79 @@ def build_training_prompts(recipe: TrainingPromptRecipe | None = None) -> list[d
 def count_by_source(prompts: list[dict[str, Any]]) -> dict[str, int]:
     """source -> number of prompts, in first-seen order."""
     return dict(Counter(prompt.get("source") for prompt in prompts))
+
+
+# ------------------------------------------------------------------------------------------ subsets of a prompt list
+
+PROMPT_FAMILIES = ("chat", "code", "math")
+
+
+def prompt_family(source: str) -> str:
+    """The family of a prompt source: "code" (`reasoning_gym_code/*`, `codeio`, `python_docs`), "math" (the other
+    `reasoning_gym/*` generators) or "chat" (everything else: `chatterbot`, `fortunes`, unknown sources)."""
+    if source.startswith("reasoning_gym_code") or source in ("codeio", "python_docs"):
+        return "code"
+    return "math" if source.startswith("reasoning_gym") else "chat"
+
+
+def sample_by_family(prompts: list[dict[str, Any]], limit: int | None, seed: int = 1234) -> list[dict[str, Any]]:
+    """`limit` prompts split evenly across the families present (`prompt_family`), evenly across the sources of each
+    family, sorted by id.
+
+    Families are taken in sorted order; with F families present, family i gets `limit // F` prompts plus one while
+    i < `limit % F`. Inside a family each source's prompts are shuffled (one `random.Random(seed)` for the whole
+    call, sources in first-seen order) and taken round robin, one per source in turn, so a source with few prompts
+    gives all it has and the others fill the quota. A family with fewer prompts than its quota gives all it has (the
+    result is then shorter than `limit`). With `limit` None or at least `len(prompts)`, returns the prompts as they
+    are. Deterministic for a seed.
+    """
+    if limit is None or limit >= len(prompts):
+        return list(prompts)
+    if limit < 0:
+        raise ValueError(f"limit must be >= 0, got {limit}")
+    rng = random.Random(seed)
+    picked: list[dict[str, Any]] = []
+    families = sorted({prompt_family(p["source"]) for p in prompts})
+    for f_index, fam in enumerate(families):
+        quota = limit // len(families) + (f_index < limit % len(families))
+        by_source: dict[str, list[dict[str, Any]]] = {}
+        for p in prompts:
+            if prompt_family(p["source"]) == fam:
+                by_source.setdefault(p["source"], []).append(p)
+        for rows in by_source.values():
+            rng.shuffle(rows)
+        taken: list[dict[str, Any]] = []
+        i = 0
+        while len(taken) < quota and any(i < len(r) for r in by_source.values()):  # round robin
+            for rows in by_source.values():
+                if i < len(rows) and len(taken) < quota:
+                    taken.append(rows[i])
+            i += 1
+        picked += taken
+    return sorted(picked, key=lambda p: p["id"])
+
+
+def exclude_prompts(prompts: list[dict[str, Any]], paths: Iterable[str | os.PathLike]) -> list[dict[str, Any]]:
+    """The prompts none of whose messages has exactly the content of a message in the JSONL files `paths` (e.g. the
+    training set, when building held-out prompts). Order is kept; broken lines of the files are skipped."""
+    seen = {m["content"] for path in paths for p in read_prompts_jsonl(path)[0] for m in p["messages"]}
+    if not seen:
+        return list(prompts)
+    return [p for p in prompts if not any(m["content"] in seen for m in p["messages"])]
+
+
+def write_training_prompts(out: str | os.PathLike, recipe: TrainingPromptRecipe | None = None,
+                           limit: int | None = None, exclude: Iterable[str | os.PathLike] = ()) -> list[dict[str, Any]]:
+    """`dspark-hf prompts`: builds the recipe's prompts, drops those in the `exclude` files, keeps `limit` of them
+    (`sample_by_family`, seeded with the recipe's seed) and writes them to `out` as JSONL. Returns what it wrote."""
+    recipe = recipe or TrainingPromptRecipe()
+    prompts = build_training_prompts(recipe)
+    exclude = list(exclude)
+    if exclude:
+        prompts = exclude_prompts(prompts, exclude)
+    prompts = sample_by_family(prompts, limit, recipe.seed)
+    write_jsonl(out, prompts)
+    return prompts
 
 
 def eval_overlap(prompts: list[dict[str, Any]], prompt_sets: tuple[str, ...] | None = None) -> list[str]:

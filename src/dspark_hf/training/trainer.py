@@ -1,14 +1,26 @@
 """`DSparkTrainer`: trains a drafter on target-regenerated data (paper 3.3), on accelerate.
 
-* CPU or one GPU by default; DDP / FSDP through `accelerate launch dspark-hf train ...` (each process takes its slice
-  of every global batch); fp32 or bf16 autocast; gradient accumulation; linear warmup then cosine decay; gradient
-  clipping. Only the drafter's own parameters train: the target, its embedding and LM head stay frozen.
-* Deterministic data: the example order of epoch e is a permutation seeded by (seed, e) and the anchors of
-  micro-batch g are sampled with a generator seeded by (seed, g, rank). A checkpoint therefore only needs the weights,
-  the optimizer and scheduler states and the step to resume exactly.
-* Checkpoints `output_dir/checkpoint-XXXXXX/` (a loadable drafter folder + `trainer_state.pt`) are written to a temporary
-  folder and renamed; `output_dir/final/` holds the finished drafter; `output_dir/log.jsonl` every loss term,
-  accept_rate@k and the expected accepted length from c*.
+* CPU or one GPU by default; DDP through `accelerate launch -m dspark_hf.cli train ...` (each process takes its slice
+  of every global batch of `batch_size * num_processes` sequences; gradients are averaged across processes). On CPUs
+  start the processes with `accelerate launch --multi_gpu --num_processes N` (torchrun; with no GPU the trainer runs
+  on gloo): `accelerate launch --cpu --num_processes N` starts ONE process unless an mpirun hostfile is given.
+  fp32 or bf16 autocast; gradient accumulation; linear warmup then cosine decay; gradient clipping. Only the
+  drafter's own parameters train: the target, its embedding and LM head stay frozen.
+* Deterministic data: the example order of epoch e is a permutation seeded by (seed, e) and the anchors of the
+  sequence at position j of global micro-batch g are sampled with a generator seeded by (seed, g, j), so a run on N
+  processes sees the same examples and anchors as a one-process run with an N times larger `batch_size`. The
+  checkpoint needs the weights, the optimizer and scheduler states and the step to resume exactly (the processes'
+  RNG states are stored too, for anything that draws from the global generators).
+* Only the main process writes (checkpoints, `log.jsonl`, `training_config.json`, `final/`); the logged metrics are
+  the mean over processes (`supervised_slots`: the sum).
+* Checkpoints `output_dir/checkpoint-XXXXXX/` are written to a temporary folder and renamed. They hold no pickle:
+  a loadable drafter folder (`config.json`, `model.safetensors`) plus `trainer_state.json` (format name and
+  version, step, config, world size, the optimizer's hyper-parameters and scalars, the scheduler state, the Python
+  and numpy RNG states of every process) and `trainer_state.safetensors` (the optimizer's tensors and the torch RNG
+  states, under structured keys such as `optimizer/state/3/exp_avg` that the JSON refers to). Loading reads JSON and
+  safetensors only; an older `trainer_state.pt` checkpoint is refused (see `load_checkpoint`).
+  `output_dir/final/` holds the finished drafter; `output_dir/log.jsonl` every loss term, accept_rate@k and the
+  expected accepted length from c*.
 * The held-out split is a fixed hash of the example id, so it never changes between runs.
 """
 
@@ -16,13 +28,15 @@ from __future__ import annotations
 
 import json
 import math
+import random
 import shutil
 import zlib
 from dataclasses import asdict
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import torch
+from transformers.utils import logging
 
 from ..models.configuration_dspark import DSparkConfig
 from .data import TokenizedExample, read_examples, sample_anchors
@@ -31,6 +45,171 @@ from .losses import LossOutput, LossWeights, dspark_loss
 from ..models.modeling_dspark import DSparkDrafter
 from ..provenance import atomic_write_json, provenance
 from .config import DSparkTrainingConfig
+
+__all__ = ["DSparkTrainer", "build_drafter", "is_heldout", "split_examples", "train_from_config",
+           "trainer_from_config", "read_trainer_state", "write_trainer_state", "STATE_FORMAT", "STATE_VERSION"]
+
+logger = logging.get_logger(__name__)
+
+# ---------------------------------------------------------------------------------------------- pickle-free state
+STATE_FORMAT = "dspark-trainer-state"
+STATE_VERSION = 1
+STATE_JSON = "trainer_state.json"
+STATE_TENSORS = "trainer_state.safetensors"
+LEGACY_STATE = "trainer_state.pt"
+_MARKERS = ("__tensor__", "__tuple__", "__items__", "__ndarray__")
+
+
+def _encode(obj: Any, key: str, tensors: dict[str, torch.Tensor]) -> Any:
+    """A JSON-able copy of `obj` (nested dicts / lists / tuples of tensors, numpy arrays and JSON scalars): each tensor
+    goes to `tensors[key]` and is replaced by `{"__tensor__": key}`; tuples, dicts with non-string keys and numpy
+    arrays get their own one-key markers so that decoding restores the exact types."""
+    def sub(part: Any) -> str:
+        return f"{key}/{part}" if key else str(part)
+
+    if isinstance(obj, torch.Tensor):
+        if key in tensors:
+            raise ValueError(f"two tensors would be stored under the key {key!r}")
+        tensors[key] = obj.detach().cpu().contiguous()
+        return {"__tensor__": key}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_encode(v, sub(i), tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_encode(v, sub(i), tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, dict):
+        if all(isinstance(k, str) and k not in _MARKERS for k in obj):
+            return {k: _encode(v, sub(k), tensors) for k, v in obj.items()}
+        for k in obj:
+            if not (k is None or isinstance(k, (bool, int, float, str))):
+                raise TypeError(f"cannot store a dict key of type {type(k).__name__} at {key!r} in a checkpoint")
+        return {"__items__": [[k, _encode(v, sub(k), tensors)] for k, v in obj.items()]}
+    if type(obj).__module__ == "numpy" and type(obj).__name__ == "ndarray":
+        if obj.dtype.kind not in "biuf":
+            raise TypeError(f"cannot store a numpy array of dtype {obj.dtype} at {key!r} in a checkpoint")
+        return {"__ndarray__": obj.tolist(), "dtype": obj.dtype.str}
+    if hasattr(obj, "item") and type(obj).__module__ == "numpy":  # numpy scalars
+        return obj.item()
+    raise TypeError(f"cannot store a {type(obj).__name__} at {key!r} in a checkpoint (JSON / safetensors only)")
+
+
+def _decode(obj: Any, tensors: dict[str, torch.Tensor], used: set[str], where: str) -> Any:
+    """The inverse of `_encode`; every referenced tensor must exist. Raises ValueError naming `where` otherwise."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, list):
+        return [_decode(v, tensors, used, where) for v in obj]
+    if not isinstance(obj, dict):
+        raise ValueError(f"{where}: unexpected JSON value {obj!r}")
+    if not set(obj) & set(_MARKERS):
+        return {k: _decode(v, tensors, used, where) for k, v in obj.items()}
+    marker = next(iter(obj))
+    if marker == "__tensor__" and len(obj) == 1:
+        key = obj["__tensor__"]
+        if not isinstance(key, str) or key not in tensors:
+            raise ValueError(f"{where}: the tensor {key!r} it refers to is missing from {STATE_TENSORS}; the "
+                             "checkpoint is damaged or was edited")
+        used.add(key)
+        return tensors[key]
+    if marker == "__tuple__" and len(obj) == 1:
+        if not isinstance(obj["__tuple__"], list):
+            raise ValueError(f"{where}: malformed tuple {obj!r}")
+        return tuple(_decode(v, tensors, used, where) for v in obj["__tuple__"])
+    if marker == "__items__" and len(obj) == 1:
+        items = obj["__items__"]
+        if not isinstance(items, list) or not all(
+                isinstance(i, list) and len(i) == 2 and (i[0] is None or isinstance(i[0], (bool, int, float, str)))
+                for i in items):
+            raise ValueError(f"{where}: malformed mapping {str(obj)[:200]}")
+        return {k: _decode(v, tensors, used, where) for k, v in items}
+    if marker == "__ndarray__" and set(obj) == {"__ndarray__", "dtype"}:
+        import numpy as np
+
+        dtype = np.dtype(str(obj["dtype"]))
+        if dtype.kind not in "biuf":
+            raise ValueError(f"{where}: numpy dtype {obj['dtype']!r} is not numeric")
+        return np.asarray(obj["__ndarray__"], dtype=dtype)
+    raise ValueError(f"{where}: malformed entry {str(obj)[:200]}; the checkpoint is damaged or was edited")
+
+
+def _rng_state() -> dict[str, Any]:
+    """This process's Python, numpy, torch (and CUDA) RNG states."""
+    state: dict[str, Any] = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    try:
+        import numpy as np
+
+        state["numpy"] = np.random.get_state()
+    except ImportError:  # pragma: no cover - numpy ships with transformers
+        pass
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict[str, Any]) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "numpy" in state:
+        import numpy as np
+
+        np.random.set_state(state["numpy"])
+    if "cuda" in state and torch.cuda.is_available() and len(state["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def write_trainer_state(folder: Path, state: dict[str, Any]) -> None:
+    """`state` as `trainer_state.json` + `trainer_state.safetensors` in `folder` (no pickle anywhere)."""
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    encoded = _encode(state, "", tensors)
+    save_file(tensors, str(folder / STATE_TENSORS), metadata={"format": STATE_FORMAT, "version": str(STATE_VERSION)})
+    (folder / STATE_JSON).write_text(json.dumps({"format": STATE_FORMAT, "version": STATE_VERSION, **encoded},
+                                                indent=1) + "\n")
+
+
+def read_trainer_state(folder: Path) -> dict[str, Any]:
+    """Reads what `write_trainer_state` wrote, with JSON and safetensors only; a clear ValueError on anything else."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if (folder / LEGACY_STATE).exists():
+        raise ValueError(
+            f"{folder} is a checkpoint of an older dspark_hf in the pickle format ({LEGACY_STATE}), which is no longer "
+            "loaded because unpickling can run arbitrary code. To proceed: start a new run (resume=False, or a new "
+            f"output_dir, or move {folder.name} out of {folder.parent}); to keep its weights, pass the folder as "
+            f"init_from={folder} (its model.safetensors is a loadable drafter; the optimizer state is not kept).")
+    json_path, tensor_path = folder / STATE_JSON, folder / STATE_TENSORS
+    for path in (json_path, tensor_path):
+        if not path.is_file():
+            raise ValueError(f"{folder} is not a complete checkpoint: {path.name} is missing")
+    try:
+        raw = json.loads(json_path.read_text())
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{json_path} is not valid JSON ({err}); the checkpoint is damaged or was edited") from err
+    if not isinstance(raw, dict) or raw.get("format") != STATE_FORMAT:
+        raise ValueError(f"{json_path} is not a {STATE_FORMAT} file (format {raw.get('format') if isinstance(raw, dict) else None!r})")
+    if raw.get("version") != STATE_VERSION:
+        raise ValueError(f"{json_path} has format version {raw.get('version')!r}; this dspark_hf reads version "
+                         f"{STATE_VERSION}")
+    try:
+        tensors = load_file(str(tensor_path))
+    except (SafetensorError, OSError, ValueError) as err:
+        raise ValueError(f"{tensor_path} is not a readable safetensors file ({err})") from err
+    used: set[str] = set()
+    state = _decode({k: v for k, v in raw.items() if k not in ("format", "version")}, tensors, used, str(json_path))
+    unused = sorted(set(tensors) - used)
+    if unused:
+        raise ValueError(f"{tensor_path} holds tensors that {STATE_JSON} does not refer to ({unused[:5]}); the "
+                         "checkpoint is damaged or was edited")
+    for name in ("step", "optimizer", "scheduler", "rng"):
+        if name not in state:
+            raise ValueError(f"{json_path} has no {name!r} entry; the checkpoint is damaged or was edited")
+    if not isinstance(state["step"], int) or state["step"] < 0:
+        raise ValueError(f"{json_path}: step must be a non-negative integer, got {state['step']!r}")
+    return state
 
 
 def is_heldout(example_id: str, fraction: float) -> bool:
@@ -44,10 +223,19 @@ def split_examples(examples: Sequence[TokenizedExample], fraction: float):
     return train, heldout
 
 
-def build_drafter(config: DSparkTrainingConfig, target) -> DSparkDrafter:
-    """A drafter for `target` as the training config describes (or loaded from `init_from`)."""
+def build_drafter(config: DSparkTrainingConfig, target, examples: Sequence[TokenizedExample] | None = None) -> DSparkDrafter:
+    """A drafter for `target` as the training config describes (or loaded from `init_from`). With
+    `config.draft_vocab_size`, its reduced draft vocabulary is chosen from the answer-token frequencies of `examples`
+    (the training split), EOS ids always included."""
     if config.init_from:
-        return DSparkDrafter.from_pretrained(config.init_from, target=target)
+        drafter = DSparkDrafter.from_pretrained(config.init_from, target=target)
+        wanted = config.draft_vocab_size
+        if wanted is not None and wanted >= drafter.config.vocab_size:
+            wanted = None  # the full vocabulary
+        if config.draft_vocab_size is not None and drafter.config.draft_vocab_size != wanted:
+            raise ValueError(f"init_from={config.init_from} has draft_vocab_size={drafter.config.draft_vocab_size}, "
+                             f"the training config asks for {config.draft_vocab_size}")
+        return drafter
     overrides = dict(
         block_size=config.block_size, num_hidden_layers=config.num_hidden_layers,
         sequential_head=config.sequential_head, markov_rank=config.markov_rank,
@@ -58,7 +246,16 @@ def build_drafter(config: DSparkTrainingConfig, target) -> DSparkDrafter:
         overrides["intermediate_size"] = config.intermediate_size
     if config.target_layer_ids:
         overrides["target_layer_ids"] = list(config.target_layer_ids)
-    drafter = DSparkDrafter.from_target(target, **overrides)
+    draft_vocab = None
+    vocab = int(target.config.get_text_config().vocab_size)
+    if config.draft_vocab_size is not None and config.draft_vocab_size < vocab:  # >= V: the full vocabulary
+        if not examples:
+            raise ValueError("draft_vocab_size is set: build_drafter needs the training examples to choose the vocabulary")
+        from .vocab import build_draft_vocab
+
+        eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
+        draft_vocab = build_draft_vocab(examples, config.draft_vocab_size, always_include=eos, vocab_size=vocab)
+    drafter = DSparkDrafter.from_target(target, draft_vocab=draft_vocab, **overrides)
     return drafter.float() if config.mixed_precision == "no" else drafter
 
 
@@ -75,11 +272,11 @@ class DSparkTrainer:
             mixed_precision=config.mixed_precision, cpu=not torch.cuda.is_available(),
         )
         self.target = target.eval().requires_grad_(False)
-        self.drafter = drafter if drafter is not None else build_drafter(config, target)
-        self.drafter.check_target(target)
         self.train_examples, self.heldout = split_examples(examples, config.heldout_fraction)
         if not self.train_examples:
             raise ValueError("no training examples left after the held-out split")
+        self.drafter = drafter if drafter is not None else build_drafter(config, target, self.train_examples)
+        self.drafter.check_target(target)
         self.progress = progress
         self.output_dir = Path(config.output_dir)
         self.weights = LossWeights(ce=config.alpha_ce, tv=config.alpha_tv, conf=config.alpha_conf,
@@ -99,8 +296,10 @@ class DSparkTrainer:
         from transformers import get_cosine_schedule_with_warmup
 
         self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, config.warmup_steps, config.max_steps)
-        self.model, self.optimizer, self.scheduler = self.accelerator.prepare(self.drafter, self.optimizer,
-                                                                              self.scheduler)
+        # The scheduler is stepped here once per optimizer step, not through accelerate: its prepared scheduler steps
+        # `num_processes` times per optimizer step (it assumes a dataloader that shrinks with the world size), which
+        # would run the schedule N times too fast on N processes since `max_steps` counts optimizer steps.
+        self.model, self.optimizer = self.accelerator.prepare(self.drafter, self.optimizer)
         self.step = 0
 
     # ------------------------------------------------------------------ data
@@ -120,11 +319,14 @@ class DSparkTrainer:
         """Samples anchors per sequence and gathers their labels: anchor ids/positions `[B, A]`, valid `[B, A]`,
         labels and label mask `[B, A, K]`."""
         k = self.drafter.config.block_size
-        gen = torch.Generator().manual_seed(self.config.seed * 1_000_003 + index * 7_919
-                                            + self.accelerator.process_index)
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
         per_seq = []
         for i in range(feats.input_ids.shape[0]):
             length = int(feats.attention_mask[i].sum())
+            # seeded by the sequence's position in the global micro-batch (see micro_batch), not by the process: the
+            # same anchors whatever the number of processes
+            slot = rank + i * world
+            gen = torch.Generator().manual_seed(((self.config.seed * 1_000_003 + index) * 1_000_033 + slot) % 2**63)
             per_seq.append(sample_anchors(feats.loss_mask[i, :length], self.config.num_anchors, k, gen))
         a = max(1, max(len(p[0]) for p in per_seq))
         b = len(per_seq)
@@ -156,11 +358,11 @@ class DSparkTrainer:
         labels = blk["labels"].to(device)[sel]
         mask = blk["label_mask"].to(device)[sel]
         anchors = blk["anchor_ids"].to(device)[sel]
-        logits = drafter.lm_head(hidden).float()
+        logits = drafter.draft_lm_head(hidden).float()  # [N, K, Vd]: the draft vocabulary's rows only
         prev = torch.cat([anchors[:, None], labels[:, :-1]], dim=1)  # teacher forcing: [anchor, ground truth]
         features = None
         if drafter.markov_head is not None:
-            bias, features = drafter.markov_head.teacher_forced(prev, hidden)
+            bias, features = drafter.markov_head.teacher_forced(drafter.to_draft_inputs(prev), hidden)
             logits = logits + bias.float()
         conf_logits = drafter.confidence_head(hidden, features) if drafter.confidence_head is not None else None
         with torch.no_grad():
@@ -168,24 +370,30 @@ class DSparkTrainer:
             t = feats.final_hidden.shape[1]
             tpos = (blk["anchor_pos"].to(device)[sel][:, None] + torch.arange(k, device=device)).clamp(max=t - 1)
             final = feats.final_hidden.to(device)[b_idx[:, None], tpos]  # [N, K, d]: predicts the label at p+k+1
-            target_logits = drafter.lm_head(final.to(drafter.dtype)).float()
-        return dspark_loss(logits, target_logits, labels, mask, conf_logits, self.weights)
+            target_logits = drafter.lm_head(final.to(drafter.dtype)).float()  # full vocabulary: the outside mass
+        return dspark_loss(logits, target_logits, labels, mask, conf_logits, self.weights, draft_vocab=drafter.d2t)
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoints(self) -> list[Path]:
         return sorted(self.output_dir.glob("checkpoint-[0-9]*"))
 
     def save_checkpoint(self) -> Path:
+        """Writes `checkpoint-{step}` (see the module docstring for its files). Every process must call it: the
+        processes' RNG states are gathered to the main process, which alone writes."""
+        from accelerate.utils import gather_object
+
         final = self.output_dir / f"checkpoint-{self.step:06d}"
+        rng = gather_object([_rng_state()])  # collective: one entry per process, in rank order
         if not self.accelerator.is_main_process:
             return final
         tmp = self.output_dir / f".tmp-checkpoint-{self.step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         drafter = self.accelerator.unwrap_model(self.model)
         drafter.save_pretrained(tmp)
-        torch.save({"step": self.step, "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(), "config": asdict(self.config)},
-                   tmp / "trainer_state.pt")
+        write_trainer_state(tmp, {
+            "step": self.step, "num_processes": self.accelerator.num_processes, "config": asdict(self.config),
+            "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "rng": list(rng),
+        })
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
         for old in self.checkpoints()[: -self.config.keep_checkpoints]:
@@ -193,14 +401,53 @@ class DSparkTrainer:
         return final
 
     def load_checkpoint(self, path: Path) -> None:
+        """Restores weights, optimizer, scheduler, step and this process's RNG state from `path` (JSON and
+        safetensors only: nothing is unpickled). A damaged, edited or old-format checkpoint raises ValueError."""
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        state = torch.load(path / "trainer_state.pt", map_location="cpu", weights_only=False)
+        path = Path(path)
+        state = read_trainer_state(path)
+        weights = path / "model.safetensors"
+        if not weights.is_file():
+            raise ValueError(f"{path} is not a complete checkpoint: model.safetensors is missing")
+        try:
+            tensors = load_file(str(weights))
+        except (SafetensorError, OSError, ValueError) as err:
+            raise ValueError(f"{weights} is not a readable safetensors file ({err})") from err
         drafter = self.accelerator.unwrap_model(self.model)
-        drafter.load_state_dict(load_file(path / "model.safetensors"), strict=True)
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = int(state["step"])
+        try:
+            drafter.load_state_dict(tensors, strict=True)
+        except RuntimeError as err:
+            raise ValueError(f"{weights} does not fit this drafter: {err}") from err
+        params = [p for group in self.optimizer.param_groups for p in group["params"]]
+        opt = state["optimizer"]
+        if not isinstance(opt, dict) or not isinstance(opt.get("state"), dict) or not isinstance(opt.get("param_groups"), list):
+            raise ValueError(f"{path / STATE_JSON}: the optimizer entry is malformed")
+        for pid, entry in opt["state"].items():
+            if not isinstance(pid, int) or not 0 <= pid < len(params) or not isinstance(entry, dict):
+                raise ValueError(f"{path / STATE_JSON}: optimizer state for unknown parameter {pid!r}")
+            for name, value in entry.items():
+                if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape != params[pid].shape:
+                    raise ValueError(f"{path / STATE_TENSORS}: optimizer/state/{pid}/{name} has shape "
+                                     f"{tuple(value.shape)}, the parameter {tuple(params[pid].shape)}")
+        try:
+            self.optimizer.load_state_dict(opt)
+            self.scheduler.load_state_dict(state["scheduler"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise ValueError(f"{path / STATE_JSON}: the optimizer / scheduler state does not fit this run: {err}") from err
+        world, rank = self.accelerator.num_processes, self.accelerator.process_index
+        saved_world = state.get("num_processes")
+        if saved_world != world:
+            logger.warning(f"{path} was written by {saved_world} process(es), this run has {world}: the global batch "
+                           "changes, so the resumed run is not identical to an uninterrupted one")
+        if isinstance(state["rng"], list) and rank < len(state["rng"]):
+            try:
+                _set_rng_state(state["rng"][rank])
+            except (KeyError, TypeError, ValueError, RuntimeError) as err:
+                raise ValueError(f"{path / STATE_JSON}: the RNG state of process {rank} is malformed: {err}") from err
+        self.step = state["step"]
+        logger.info(f"resumed from {path} at step {self.step}")
 
     # ------------------------------------------------------------------ loop
     def train(self) -> Path:
@@ -208,9 +455,11 @@ class DSparkTrainer:
         self.output_dir.mkdir(parents=True, exist_ok=True)
         if cfg.resume and self.checkpoints():
             self.load_checkpoint(self.checkpoints()[-1])
-        atomic_write_json(self.output_dir / "training_config.json",
-                          {"config": asdict(cfg), "provenance": provenance(self.accelerator.device),
-                           "train_examples": len(self.train_examples), "heldout_examples": len(self.heldout)})
+        if self.accelerator.is_main_process:
+            atomic_write_json(self.output_dir / "training_config.json",
+                              {"config": asdict(cfg), "provenance": provenance(self.accelerator.device),
+                               "num_processes": self.accelerator.num_processes,
+                               "train_examples": len(self.train_examples), "heldout_examples": len(self.heldout)})
         bar = None
         if self.progress and self.accelerator.is_main_process:
             from tqdm.auto import tqdm
@@ -226,14 +475,16 @@ class DSparkTrainer:
                     self.accelerator.backward(out.total)
                     if self.accelerator.sync_gradients and cfg.max_grad_norm > 0:
                         self.accelerator.clip_grad_norm_(self.model.parameters(), cfg.max_grad_norm)
-                    self.optimizer.step()
-                    self.scheduler.step()
+                    self.optimizer.step()  # (the prepared optimizer only steps when gradients are synced)
+                    if self.accelerator.sync_gradients:
+                        self.scheduler.step()
                     self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
-            if not math.isfinite(float(out.total.detach())):
-                raise FloatingPointError(f"loss became {float(out.total.detach())} at step {self.step}; lower the learning rate")
+            metrics = self.reduced_metrics(out)  # every process takes part, so all of them stop together on NaN
+            if not math.isfinite(metrics["loss"]):
+                raise FloatingPointError(f"loss became {metrics['loss']} at step {self.step}; lower the learning rate")
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                record = {"step": self.step, "lr": self.scheduler.get_last_lr()[0], **out.as_dict()}
+                record = {"step": self.step, "lr": self.scheduler.get_last_lr()[0], **metrics}
                 if self.accelerator.is_main_process:
                     with open(log_path, "a") as handle:
                         handle.write(json.dumps(record) + "\n")
@@ -253,14 +504,32 @@ class DSparkTrainer:
             self.accelerator.unwrap_model(self.model).save_pretrained(tmp)
             shutil.rmtree(final, ignore_errors=True)
             tmp.rename(final)
+        self.accelerator.wait_for_everyone()  # `final` exists for every process once train() returns
         return final
 
+    def reduced_metrics(self, out: LossOutput) -> dict[str, float]:
+        """`out.as_dict()` averaged over the processes (`supervised_slots` summed); with one process, unchanged."""
+        local = out.as_dict()
+        world = self.accelerator.num_processes
+        if world == 1:
+            return local
+        keys = list(local)
+        values = torch.tensor([float(local[k]) for k in keys], dtype=torch.float64, device=self.accelerator.device)
+        total = self.accelerator.reduce(values, reduction="sum").tolist()
+        return {k: (int(v) if k == "supervised_slots" else v / world) for k, v in zip(keys, total)}
 
-def train_from_config(config: DSparkTrainingConfig, progress: bool = True) -> Path:
-    """Loads the target and the data named in `config` and trains (what `dspark-hf train` runs)."""
+
+def trainer_from_config(config: DSparkTrainingConfig, progress: bool = True) -> DSparkTrainer:
+    """The trainer `dspark-hf train` runs: the target and the data named in `config`, a drafter initialised from
+    `config.seed` (the same initial weights in every run and on every process)."""
     from ..testbed.targets import load_target
 
     target, _ = load_target(config.target)
     examples = read_examples(config.data_dir)
-    trainer = DSparkTrainer(config, target, examples, progress=progress)
-    return trainer.train()
+    torch.manual_seed(config.seed)
+    return DSparkTrainer(config, target, examples, progress=progress)
+
+
+def train_from_config(config: DSparkTrainingConfig, progress: bool = True) -> Path:
+    """Loads the target and the data named in `config` and trains (what `dspark-hf train` runs)."""
+    return trainer_from_config(config, progress=progress).train()

@@ -1,0 +1,432 @@
+"""The state a batched speculative decoding call (`dspark_hf.decoding.batched.generate`) carries between rounds.
+
+Each piece is a small typed object with the methods the loop calls, so that `generate` reads as the round itself:
+
+* `ActiveRows`: the rows still decoding: their original indices, anchors (last emitted token, not yet in the target's
+  cache), anchor positions, the mask over the target's cache columns, and both caches (target KV, drafter context).
+  `prefill` builds it; `drop` removes finished rows, `compact_holes` squeezes masked columns out once there are more
+  than the hole budget, `advance` appends a verified round.
+* `RowOutputs`: the generated tokens of every row. `emit` appends a round's tokens cut at the first EOS, the first
+  token on which a stopping criterion fires, or `max_new_tokens`; feeds the streamer; keeps the per-row `RowStats`;
+  returns the finished mask.
+* `RoundClock`: the measured per-round overhead outside the target's forward (drafting, bookkeeping) and the cost
+  curve the policies price with it (`scheduler.WithRoundOverhead`).
+* `ConfidenceHistory`: the async policy's confidences of the last two rounds, aligned with the rows still active.
+* `LengthPolicy`: a round's verification lengths (`fixed`, `threshold`, `scheduled`, `async`) and whether drafting
+  the round is expected to pay.
+* `IdleBackoff`: skips the drafter after rounds that did not pay for it (2, 4, ... 32 rounds), probing in between.
+
+Everything here decides from past rounds only (the admission rule stays non-anticipating) and does at most one Python
+pass over the rows per round (`RowOutputs.emit`); the rest is tensor code.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from ..models.drafting import DraftBlock, DSparkContextCache, valid_first_order
+from ..models.modeling_dspark import DSparkDrafter
+from .scheduler import (WithRoundOverhead, async_lengths, expected_throughput, fixed_lengths, schedule_prefix,
+                        threshold_lengths)
+from .verification import SamplingParams
+
+__all__ = [
+    "PRICED_POLICIES",
+    "ActiveRows",
+    "ConfidenceHistory",
+    "IdleBackoff",
+    "LengthPolicy",
+    "RoundClock",
+    "RoundRecord",
+    "RowOutputs",
+    "RowStats",
+    "compact_target_cache",
+]
+
+PRICED_POLICIES = ("scheduled", "async")
+"""The policies that price a cost curve SPS(B) (and so use the round overhead and the idle backoff)."""
+
+
+# ---------------------------------------------------------------------------------------------- outputs
+@dataclass
+class RowStats:
+    """Per-request statistics of one `generate` call.
+
+    Attributes:
+        rounds: verification rounds the row took part in.
+        verified: draft tokens sent to the target (sum of l_r).
+        accepted: draft tokens accepted.
+        accepted_lengths: tokens emitted in each round (accepted drafts + 1), i.e. the per-round tau.
+        verify_lengths: l_r chosen in each round.
+        seconds: wall time from the start of the call until the row finished.
+    """
+
+    rounds: int = 0
+    verified: int = 0
+    accepted: int = 0
+    accepted_lengths: list[int] = field(default_factory=list)
+    verify_lengths: list[int] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def mean_verify_length(self) -> float:
+        """Mean l_r over the row's rounds."""
+        return sum(self.verify_lengths) / max(1, len(self.verify_lengths))
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Mean tokens emitted per round (tau), the bonus / correction token included."""
+        return sum(self.accepted_lengths) / max(1, len(self.accepted_lengths))
+
+
+@dataclass
+class RoundRecord:
+    """One verification round (recorded with `record_rounds=True`): the rows' original indices `[R]`, raw confidence
+    logits `[R, K]` (before STS; None without a confidence head or in a round that skipped the drafter), verify
+    lengths `[R]`, accepted drafts `[R]` and the draft tokens `[R, K]` the drafter proposed (target ids, the whole
+    block: only the first `lengths[r]` were verified and the first `accepted[r]` were emitted; None in a round that
+    skipped the drafter, e.g. by the idle backoff)."""
+
+    rows: torch.Tensor
+    confidence_logits: torch.Tensor | None
+    lengths: torch.Tensor
+    accepted: torch.Tensor
+    drafts: torch.Tensor | None = None
+
+
+class RowOutputs:
+    """The tokens generated for every row of the batch, with their stopping rules and statistics.
+
+    Args:
+        input_ids, attention_mask: the `[R, L]` left-padded prompts (read by stopping criteria only).
+        max_new_tokens: tokens to generate per row (at most).
+        eos_token_ids: a row finishes on (and keeps) the first of these it emits.
+        stopping_criteria: called as `criteria(sequence[None], None)` after every emitted token of every row, on
+            that row's prompt + generated tokens; a row finishes on the first token on which it fires.
+        streamer: receives every emitted chunk (batch size 1 only; checked by the caller).
+        pad_token_id: pads the rows of `sequences` past their end.
+        started: `time.perf_counter()` at the start of the call (for `RowStats.seconds`).
+    """
+
+    def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
+                 eos_token_ids: Sequence[int], stopping_criteria: Callable[..., Any] | None, streamer: Any,
+                 pad_token_id: int, started: float) -> None:
+        rows = input_ids.shape[0]
+        self.input_ids, self.attention_mask = input_ids, attention_mask
+        self.max_new_tokens = max_new_tokens
+        self.eos = frozenset(int(t) for t in eos_token_ids)
+        self.stopping_criteria = stopping_criteria
+        self.streamer = streamer
+        self.pad_token_id = pad_token_id
+        self.started = started
+        self.tokens: list[list[int]] = [[] for _ in range(rows)]
+        self.stats: list[RowStats] = [RowStats() for _ in range(rows)]
+        self._counts = torch.zeros(rows, dtype=torch.long)  # len(self.tokens[row]), as a tensor for `remaining`
+
+    def remaining(self, rows: torch.Tensor) -> torch.Tensor:
+        """`[R]` (CPU) drafts each of `rows` may still verify this round: its remaining tokens less the one the target
+        always adds, at least 0."""
+        return (self.max_new_tokens - 1 - self._counts[rows]).clamp(min=0)
+
+    def emit(self, rows: list[int], tokens: list[list[int]], counts: list[int], verified: list[int] | None = None,
+             accepted: list[int] | None = None) -> torch.Tensor:
+        """Appends `tokens[i][:counts[i]]` to row `rows[i]` (original index), cut at the first EOS, the first token on
+        which a stopping criterion fires, or `max_new_tokens`, and streams them. With `verified` / `accepted` (the
+        round's l_r and accepted drafts) the rows' `RowStats` record the round. Returns the `[R]` (CPU) finished
+        mask."""
+        finished = torch.zeros(len(rows), dtype=torch.bool)
+        lengths = []
+        for i, row in enumerate(rows):
+            out = self.tokens[row]
+            start = len(out)
+            new = tokens[i][: counts[i]][: self.max_new_tokens - start]
+            if verified is not None:
+                s = self.stats[row]
+                s.rounds += 1
+                s.verified += verified[i]
+                s.accepted += accepted[i]
+                s.accepted_lengths.append(counts[i])
+                s.verify_lengths.append(verified[i])
+            stop = False
+            for j, tok in enumerate(new):
+                if tok in self.eos or (self.stopping_criteria is not None and self._criteria_fire(row, new[: j + 1])):
+                    new, stop = new[: j + 1], True
+                    break
+            out.extend(new)
+            lengths.append(len(out))
+            if stop or len(out) >= self.max_new_tokens:
+                finished[i] = True
+                self.stats[row].seconds = time.perf_counter() - self.started
+            if self.streamer is not None:
+                self.streamer.put(torch.tensor(new))
+        self._counts[rows] = torch.tensor(lengths, dtype=torch.long)
+        return finished
+
+    def _criteria_fire(self, row: int, new: list[int]) -> bool:
+        device = self.input_ids.device
+        seq = torch.cat([self.input_ids[row, self.attention_mask[row].bool()],
+                         torch.tensor(self.tokens[row] + new, dtype=torch.long, device=device)])[None]
+        return bool(torch.as_tensor(self.stopping_criteria(seq, None)).any())
+
+    @property
+    def num_generated(self) -> torch.Tensor:
+        """`[R]` tokens generated per row (on the prompts' device)."""
+        return torch.tensor([len(t) for t in self.tokens], dtype=torch.long, device=self.input_ids.device)
+
+    def sequences(self) -> torch.Tensor:
+        """`[R, L + longest]`: the prompts as given, then each row's tokens right-padded with `pad_token_id`."""
+        longest = max(len(t) for t in self.tokens)
+        generated = torch.tensor([t + [self.pad_token_id] * (longest - len(t)) for t in self.tokens],
+                                 dtype=torch.long, device=self.input_ids.device)
+        return torch.cat([self.input_ids, generated], dim=1)
+
+
+# ---------------------------------------------------------------------------------------------- rows and caches
+def compact_target_cache(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
+    """Moves every row's valid columns to the front of each layer and drops all-empty columns. Returns the new mask."""
+    order = valid_first_order(valid)
+    for layer in cache.layers:
+        index = order[:, None, :, None].to(layer.keys.device)
+        layer.keys = layer.keys.gather(2, index.expand(-1, layer.keys.shape[1], -1, layer.keys.shape[3]))
+        layer.values = layer.values.gather(2, index.expand(-1, layer.values.shape[1], -1, layer.values.shape[3]))
+    return valid.gather(1, order)
+
+
+@dataclass
+class ActiveRows:
+    """The rows still decoding, and the per-row state of their caches.
+
+    Attributes:
+        ids: `[R]` (CPU) original batch index of every active row (ascending: rows are only ever dropped).
+        anchors: `[R]` each row's last emitted token, not yet in the target's cache.
+        next_pos: `[R]` the position of each row's anchor.
+        kv_valid: `[R, T]` which columns of the target's cache each row attends to; the others are *holes*
+            (left padding, rejected drafts, padding of short rows).
+        cache: the target's `DynamicCache`.
+        context: the drafter's context cache (target hidden states of the verified tokens).
+        drafter: the drafter that reads `context`.
+        peak_columns: the widest the target's cache has been (columns).
+    """
+
+    ids: torch.Tensor
+    anchors: torch.Tensor
+    next_pos: torch.Tensor
+    kv_valid: torch.Tensor
+    cache: DynamicCache
+    context: DSparkContextCache
+    drafter: DSparkDrafter
+    peak_columns: int = 0
+
+    @classmethod
+    def prefill(cls, target: PreTrainedModel, drafter: DSparkDrafter, input_ids: torch.Tensor,
+                attention_mask: torch.Tensor, sampling: SamplingParams,
+                generator: torch.Generator | None) -> tuple["ActiveRows", torch.Tensor]:
+        """Runs the target over the left-padded prompts, feeds the drafter their hidden states and picks every row's
+        first token (greedy or sampled). Returns the rows' state (anchors = the first tokens) and the first tokens."""
+        positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        cache = DynamicCache()
+        out = target(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
+                     use_cache=True, output_hidden_states=target_layer_ids(drafter), logits_to_keep=1)
+        first = sampling.warp(out.logits[:, -1].float())
+        if sampling.do_sample:
+            first_tokens = torch.multinomial(torch.softmax(first, -1), 1, generator=generator).squeeze(1)
+        else:
+            first_tokens = first.argmax(-1)
+        context = drafter.new_cache()
+        drafter.append_context(context, drafter.context_features(out.hidden_states).to(drafter.device),
+                               positions.to(drafter.device), attention_mask.bool().to(drafter.device))
+        kv_valid = attention_mask.bool()
+        rows = cls(ids=torch.arange(input_ids.shape[0]), anchors=first_tokens, next_pos=attention_mask.sum(dim=1),
+                   kv_valid=kv_valid, cache=cache, context=context, drafter=drafter, peak_columns=kv_valid.shape[1])
+        return rows, first_tokens
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def drop(self, finished: torch.Tensor) -> None:
+        """Removes the rows marked in the `[R]` (CPU) mask `finished` from every tensor and both caches."""
+        if not finished.any():
+            return
+        keep = (~finished).nonzero().flatten()
+        if len(keep):
+            self.cache.batch_select_indices(keep.to(self.kv_valid.device))
+            self.context.select_rows(keep.to(self.drafter.device))
+        self.ids, self.anchors, self.next_pos = self.ids[keep], self.anchors[keep], self.next_pos[keep]
+        self.kv_valid = self.kv_valid[keep]
+
+    def compact_holes(self, hole_budget: int) -> None:
+        """Compacts both caches once the widest row carries more than `hole_budget` masked columns."""
+        if self.kv_valid.shape[1] - int(self.kv_valid.sum(dim=1).max()) > hole_budget:
+            self.kv_valid = compact_target_cache(self.cache, self.kv_valid)
+            self.context.compact()
+
+    def advance(self, hidden_states: Sequence[torch.Tensor], positions: torch.Tensor, kept: torch.Tensor,
+                num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
+        """After a verification forward over `positions` `[R, W]`: the columns in `kept` (anchor + accepted drafts)
+        become context of the target's cache and, with their hidden states, of the drafter's; the rest stay holes.
+        `next_tokens` (the correction / bonus token) become the anchors."""
+        self.kv_valid = torch.cat([self.kv_valid, kept], dim=1)
+        self.peak_columns = max(self.peak_columns, self.kv_valid.shape[1])
+        device = self.drafter.device
+        self.drafter.append_context(self.context, self.drafter.context_features(hidden_states).to(device),
+                                    positions.to(device), kept.to(device))
+        self.next_pos = self.next_pos + 1 + num_accepted
+        self.anchors = next_tokens
+
+
+def target_layer_ids(drafter: DSparkDrafter) -> list[int]:
+    """The `output_hidden_states` indices of the target layers the drafter reads (`hidden_states[i + 1]`)."""
+    return [i + 1 for i in drafter.config.target_layer_ids]
+
+
+# ---------------------------------------------------------------------------------------------- cost and policy
+@dataclass
+class RoundClock:
+    """The per-round cost outside the target's forward, measured over past drafting rounds.
+
+    Attributes:
+        priced: whether the policies price this overhead (`count_round_overhead` and a policy in `PRICED_POLICIES`).
+        overhead: total seconds of the measured rounds outside the target's verification forward.
+        drafting: total seconds of those rounds inside `drafter.draft`.
+        rounds: measured rounds.
+    """
+
+    priced: bool
+    overhead: float = 0.0
+    drafting: float = 0.0
+    rounds: int = 0
+
+    def add(self, overhead_seconds: float, draft_seconds: float) -> None:
+        """Records one drafting round: its time outside the target's forward and its time inside the drafter."""
+        self.overhead += overhead_seconds
+        self.drafting += draft_seconds
+        self.rounds += 1
+
+    @property
+    def measured(self) -> bool:
+        """Whether the overhead is priced and at least one round has been measured."""
+        return self.priced and self.rounds > 0
+
+    def cost(self, sps: Any, with_drafter: bool = True) -> Any:
+        """The cost curve the policies price: SPS(B) plus the mean measured per-round overhead of past drafting rounds
+        (`with_drafter=False`: less the drafter's own mean time, i.e. what a plain decoding round pays)."""
+        if not self.measured:
+            return sps
+        overhead = self.overhead / self.rounds
+        if not with_drafter:
+            overhead = max(overhead - self.drafting / self.rounds, 0.0)
+        return WithRoundOverhead(sps, overhead)
+
+
+@dataclass
+class ConfidenceHistory:
+    """The async policy's confidences `[R, K]` (CPU) of the last two drafting rounds, with the rows they belong to."""
+
+    confidences: list[torch.Tensor] = field(default_factory=list)
+    rows: list[torch.Tensor] = field(default_factory=list)
+
+    def push(self, confidences: torch.Tensor, rows: torch.Tensor) -> None:
+        """Records a round's confidences of `rows` (original indices); keeps the last two rounds."""
+        self.confidences = (self.confidences + [confidences.float().cpu()])[-2:]
+        self.rows = (self.rows + [rows.clone().cpu()])[-2:]
+
+    def two_rounds_ago(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """The confidences of two drafting rounds ago for `rows` (all active then: rows are only ever dropped), or
+        None before there are two."""
+        if len(self.confidences) < 2:
+            return None
+        old, old_rows = self.confidences[-2], self.rows[-2]
+        where = torch.empty(int(old_rows.max()) + 1, dtype=torch.long)
+        where[old_rows] = torch.arange(len(old_rows))
+        return old[where[rows]]
+
+
+@dataclass
+class LengthPolicy:
+    """A round's verification lengths l_r.
+
+    Attributes:
+        name: "fixed" (the whole block), "threshold" (prefix survival >= `threshold`), "scheduled" (Algorithm 1) or
+            "async" (section 5.2: the token budget from confidences two rounds old).
+        block_size: drafts per row and round (K).
+        sps: the cost curve SPS(B) ("scheduled" / "async").
+        threshold: the prefix-survival cut of "threshold".
+        clock: the measured round overhead, added to `sps` when priced.
+        history: the async policy's past confidences.
+    """
+
+    name: str
+    block_size: int
+    sps: Any
+    threshold: float
+    clock: RoundClock
+    history: ConfidenceHistory = field(default_factory=ConfidenceHistory)
+
+    def lengths(self, block: DraftBlock, rows: torch.Tensor) -> torch.Tensor:
+        """`[R]` (CPU) lengths for this round's drafts of `rows` (original indices); reads past rounds only."""
+        if self.name == "fixed":
+            return fixed_lengths((len(rows), self.block_size))
+        conf = block.confidences.detach().float().cpu()
+        if self.name == "threshold":
+            return threshold_lengths(conf, self.threshold)
+        stale = self.history.two_rounds_ago(rows) if self.name == "async" else None
+        if stale is None:
+            lengths = schedule_prefix(conf, self.clock.cost(self.sps))
+        else:
+            lengths = async_lengths(conf, stale, self.clock.cost(self.sps))
+        if self.name == "async":  # only async reads past confidences
+            self.history.push(conf, rows)
+        return lengths
+
+    def pays(self, block: DraftBlock, lengths: torch.Tensor) -> bool:
+        """Whether drafting this round is expected to beat plain decoding once the drafter's own time is priced: False
+        when no row verifies a draft; with a measured overhead, a comparison of expected throughputs."""
+        if int(lengths.max()) == 0:
+            return False
+        if not self.clock.measured or block.confidences is None:
+            return True
+        conf, lengths = block.confidences.detach().float().cpu(), lengths.cpu()
+        return (expected_throughput(conf, lengths, self.clock.cost(self.sps))
+                > expected_throughput(conf, torch.zeros_like(lengths), self.clock.cost(self.sps, with_drafter=False)))
+
+
+@dataclass
+class IdleBackoff:
+    """Skips the drafter while drafting does not pay: after 2 consecutive rounds that did not, the next `skip_len`
+    rounds are plain decoding; then one probe drafts again. `skip_len` doubles (2, 4, ... 32) while probes keep not
+    paying and resets when one pays. Decided from past rounds only, so the output does not change.
+
+    Attributes:
+        enabled: off for the policies that price no cost curve, or with `idle_backoff=False`.
+        streak: consecutive drafting rounds that did not pay.
+        skip_left: plain rounds left in the current skip.
+        skip_len: the length of the next skip.
+    """
+
+    MAX_SKIP: ClassVar[int] = 32
+
+    enabled: bool
+    streak: int = 0
+    skip_left: int = 0
+    skip_len: int = 2
+
+    def skip(self) -> bool:
+        """Whether this round skips the drafter (and counts it against the current skip)."""
+        if self.skip_left > 0:
+            self.skip_left -= 1
+            return True
+        return False
+
+    def observe(self, pays: bool) -> None:
+        """Records whether a drafting round paid."""
+        if pays:
+            self.streak, self.skip_len = 0, 2
+            return
+        self.streak += 1
+        if self.streak >= 2:
+            self.skip_left, self.skip_len = self.skip_len, min(2 * self.skip_len, self.MAX_SKIP)
