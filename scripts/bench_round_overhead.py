@@ -19,7 +19,9 @@ synchronous, so wall time per call is the part's cost):
 A round runs from one `get_candidates` call to the next; only rounds that verify a full block (K drafts) count. Each
 part's median over rounds is reported as a share of the median verification forward, with `overhead` = the median
 of (round - verify forward). `--head` adds rounds with another draft LM-head path (`bf16`: `set_draft_head_dtype`;
-`mm` / `int8`: bench-only patches of `draft_logits` that try a kernel path the drafter does not have yet).
+`mm` / `mm-all` / `int8`: bench-only patches that try kernel paths the drafter does not have yet: `W @ h^T` instead
+of `h @ W^T` for the LM head / for every linear layer of the drafter, and fbgemm's dynamic int8 LM head), and
+`--threads 1 2` interleaves torch thread counts.
 
 `batched`: `dspark_hf.generate(..., speculate=False)` (the batched loop with no drafts) against transformers' plain
 batched `target.generate(..., do_sample=False)`, same left-padded prompts, greedy, no EOS stop (an id outside the
@@ -35,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import statistics
+import sys
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -118,13 +121,33 @@ def int8_draft_logits(drafter: DSparkDrafter) -> Callable[[torch.Tensor], torch.
     return draft_logits
 
 
+def _mm_linear(module: torch.nn.Linear) -> Callable[[torch.Tensor], torch.Tensor]:
+    def forward(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, x.shape[-1])
+        out = torch.mm(module.weight, flat.t()).t()
+        if module.bias is not None:
+            out = out + module.bias
+        return out.reshape(*x.shape[:-1], module.weight.shape[0])
+    return forward
+
+
+def _linears(drafter: DSparkDrafter) -> list[torch.nn.Linear]:
+    return [m for m in drafter.modules() if isinstance(m, torch.nn.Linear)]
+
+
 def set_head(drafter: DSparkDrafter, head: str) -> None:
     drafter.__dict__.pop("draft_logits", None)
+    for m in _linears(drafter):
+        m.__dict__.pop("forward", None)
     drafter.set_draft_head_dtype(None)
     if head == "bf16":
         drafter.set_draft_head_dtype(torch.bfloat16)
     elif head == "mm":
         drafter.draft_logits = mm_draft_logits(drafter)
+    elif head == "mm-all":  # the LM head and every linear layer of the drafter (backbone, fc, heads)
+        drafter.draft_logits = mm_draft_logits(drafter)
+        for m in _linears(drafter):
+            m.forward = _mm_linear(m)
     elif head == "int8":
         drafter.draft_logits = int8_draft_logits(drafter)
     elif head != "fp32":
@@ -249,27 +272,30 @@ class RoundTimer:
 
 
 def run_batch1(args) -> dict:
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads[0])
     target, tokenizer, _ = load("release")
     rows = prompts(tokenizer, args.prompts, args.max_prompt_len)
+    vocab = int(target.config.vocab_size)
+    configs = [(h, t) for t in args.threads for h in args.head]  # interleaved per repeat
     results = []
     for kind in args.drafters:
         _, _, drafter = load(kind, target, tokenizer)
         k = drafter.config.block_size
-        per_head: dict[str, list[dict[str, float]]] = {h: [] for h in args.head}
-        tau: dict[str, list[float]] = {h: [] for h in args.head}
-        seconds: dict[str, list[float]] = {h: [] for h in args.head}
-        tokens: dict[str, int] = {h: 0 for h in args.head}
-        identical = {h: True for h in args.head}
+        parts_of = {c: [] for c in configs}
+        tau = {c: [] for c in configs}
+        seconds = {c: [] for c in configs}
+        tokens = {c: 0 for c in configs}
+        identical = {c: True for c in configs}
         refs = {}
         with torch.no_grad():
             for p in rows:
-                ids = torch.tensor([p])
-                refs[tuple(p)] = target.generate(ids, max_new_tokens=args.max_new_tokens, do_sample=False,
-                                                 eos_token_id=int(target.config.vocab_size))
+                refs[tuple(p)] = target.generate(torch.tensor([p]), max_new_tokens=args.max_new_tokens,
+                                                 do_sample=False, eos_token_id=vocab)
         for rep in range(args.repeats):
-            order = args.head[rep % len(args.head):] + args.head[: rep % len(args.head)]
-            for head in order:
+            order = configs[rep % len(configs):] + configs[: rep % len(configs)]
+            for config in order:
+                head, threads = config
+                torch.set_num_threads(threads)
                 set_head(drafter, head)
                 timer = RoundTimer(target, drafter)
                 with timer.installed(), torch.no_grad():
@@ -277,25 +303,28 @@ def run_batch1(args) -> dict:
                         ids = torch.tensor([p])
                         start = time.perf_counter()
                         out = target.generate(ids, assistant_model=drafter, max_new_tokens=args.max_new_tokens,
-                                              do_sample=False, eos_token_id=int(target.config.vocab_size))
-                        seconds[head].append(time.perf_counter() - start)
-                        tokens[head] += int(out.shape[1] - ids.shape[1])
+                                              do_sample=False, eos_token_id=vocab)
+                        seconds[config].append(time.perf_counter() - start)
+                        tokens[config] += int(out.shape[1] - ids.shape[1])
                         timer.end_call()
-                        identical[head] &= bool(torch.equal(out, refs[tuple(p)]))
-                        tau[head].append(drafter.last_speculation_stats.mean_accepted_length)
-                per_head[head].extend(timer.parts(k))
+                        identical[config] &= bool(torch.equal(out, refs[tuple(p)]))
+                        tau[config].append(drafter.last_speculation_stats.mean_accepted_length)
+                parts_of[config].extend(timer.parts(k))
         set_head(drafter, "fp32")
-        for head in args.head:
-            parts = per_head[head]
+        torch.set_num_threads(args.threads[0])
+        for config in configs:
+            head, threads = config
+            parts = parts_of[config]
             verify = median([r["verify forward"] for r in parts])
-            entry = {"drafter": kind, "head": head, "rounds": len(parts), "tau": statistics.mean(tau[head]),
-                     "identical_to_target": identical[head],
-                     "tokens_per_s": tokens[head] / sum(seconds[head]),
+            entry = {"drafter": kind, "head": head, "threads": threads, "rounds": len(parts),
+                     "tau": statistics.mean(tau[config]), "identical_to_target": identical[config],
+                     "tokens_per_s": tokens[config] / sum(seconds[config]),
                      "median_ms": {name: 1e3 * median([r[name] for r in parts]) for name in PARTS},
                      "share_of_verify": {name: median([r[name] for r in parts]) / verify for name in PARTS}}
             results.append(entry)
-            print(f"{kind:8s} {head:5s} rounds {len(parts):4d} overhead {100 * entry['share_of_verify']['overhead']:5.1f}%"
-                  f" of verify ({entry['median_ms']['verify forward']:.1f} ms)  tau {entry['tau']:.2f}", flush=True)
+            share = 100 * entry["share_of_verify"]["overhead"]
+            print(f"{kind:8s} {head:5s} threads {threads} rounds {len(parts):4d} overhead {share:5.1f}% of verify "
+                  f"({entry['median_ms']['verify forward']:.1f} ms)  tau {entry['tau']:.2f}", flush=True)
     return {"part": "batch1", "target": TARGET, "threads": args.threads, "prompts": args.prompts,
             "max_new_tokens": args.max_new_tokens, "max_prompt_len": args.max_prompt_len, "repeats": args.repeats,
             "results": results}
@@ -303,7 +332,8 @@ def run_batch1(args) -> dict:
 
 def batch1_markdown(data: dict, label: str) -> str:
     res = data["results"]
-    head = "| part | " + " | ".join(f"{r['drafter']} / {r['head']}" for r in res) + " |"
+    head = "| part | " + " | ".join(f"{r['drafter']} / {r['head']} / {r.get('threads', data['threads'])}t"
+                                    for r in res) + " |"
     lines = [f"# Per-round cost at batch 1 ({label}): `target.generate(assistant_model=drafter)`, {TARGET}, greedy, "
              f"{data['prompts']} MT-Bench prompts, {data['max_new_tokens']} new tokens, torch threads "
              f"{data['threads']}", "",
@@ -357,7 +387,7 @@ METHODS = {"ours": "ours (speculate=False)", "skip": "ours (scheduled, backoff s
 
 
 def run_batched(args) -> dict:
-    torch.set_num_threads(args.threads)
+    torch.set_num_threads(args.threads[0])
     target, tokenizer, drafter = load("release")
     quiet = low_confidence(drafter, target)
     # any cost curve will do for `skip`: with ~0 confidences the policy admits no draft whatever the curve says
@@ -438,7 +468,8 @@ def batched_markdown(data: dict, label: str) -> str:
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("part", choices=["batch1", "batched"])
-    parser.add_argument("--threads", type=int, default=1, help="torch.set_num_threads (reported)")
+    parser.add_argument("--threads", type=int, nargs="+", default=[1],
+                        help="torch.set_num_threads (reported); batch1 interleaves several settings")
     parser.add_argument("--out", default="results/round_overhead")
     parser.add_argument("--label", default="", help="suffix of the output files, e.g. 'before'")
     parser.add_argument("--prompts", type=int, default=3, help="batch1: prompts")
@@ -447,14 +478,15 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-prompt-len", type=int, default=None, help="keep the last N prompt tokens")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--drafters", nargs="+", default=["release", "random"], choices=["release", "random"])
-    parser.add_argument("--head", nargs="+", default=["fp32"], choices=["fp32", "bf16", "mm", "int8"])
+    parser.add_argument("--head", nargs="+", default=["fp32"], choices=["fp32", "bf16", "mm", "mm-all", "int8"])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--methods", nargs="+", default=["ours", "skip"], choices=sorted(METHODS),
                         help="batched: ours = speculate=False; skip = scheduled policy whose idle backoff skips")
     args = parser.parse_args(argv)
     label = args.label or "current"
     data = run_batch1(args) if args.part == "batch1" else run_batched(args)
-    data["provenance"] = provenance(threads=args.threads, label=label)
+    command = ["python", "scripts/bench_round_overhead.py"] + (sys.argv[1:] if argv is None else list(argv))
+    data["provenance"] = provenance(threads=args.threads, label=label, command=" ".join(command))
     text = (batch1_markdown if args.part == "batch1" else batched_markdown)(data, label)
     out = Path(args.out)
     suffix = f"_{args.label}" if args.label else ""

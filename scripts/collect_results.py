@@ -53,6 +53,12 @@ SECTIONS = [
     ("bench_smollm2_dspark/bench.md", "Throughput vs concurrency, SmolLM2-135M-Instruct, trained DSpark drafter",
      "dspark-hf bench --target smollm2-135m-instruct --drafter outputs/smollm2-135m-dspark/final "
      "--concurrency 1 4 16 --max-new-tokens 32 --repeats 3 --out results/bench_smollm2_dspark"),
+    ("draft_vocab/results.md", "Reduced draft vocabulary: answer-token coverage, drafting-round and training-step time",
+     "python scripts/bench_draft_vocab.py"),
+    ("data_generation/data_generation.md",
+     "Data generation throughput (the target answering training prompts), per batch size and dtype",
+     "python scripts/bench_data_generation.py --batch-sizes 16 32 64 --dtypes float32 bfloat16 --threads 1 "
+     "--max-new-tokens 32 --out results/data_generation"),
     ("bench_smollm2_dspark_long/bench.md",
      "Throughput at concurrency 16 with longer outputs (128 tokens), SmolLM2-135M-Instruct, trained DSpark drafter",
      "dspark-hf bench --target smollm2-135m-instruct --drafter outputs/smollm2-135m-dspark/final "

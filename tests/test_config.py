@@ -44,7 +44,7 @@ def test_round_trip_through_dict():
         (dict(markov_rank=0), "markov_rank"),
         (dict(target_layer_ids=[1, 35]), "target_layer_ids"),  # 35 is the last layer of 36
         (dict(target_layer_ids=[1, 40]), "target_layer_ids"),
-        (dict(target_layer_ids=[-1]), "target_layer_ids"),
+        (dict(target_layer_ids=[-2]), "target_layer_ids"),  # -1 (the embedding output) is valid, see test_convert
         (dict(target_layer_ids=[3, 3]), "target_layer_ids"),
         (dict(hidden_size=32), "hidden_size"),
         (dict(vocab_size=10), "vocab_size"),

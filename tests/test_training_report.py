@@ -35,3 +35,20 @@ def test_report_averages_the_last_50_steps_and_plots(tmp_path):
 def test_report_refuses_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(FileNotFoundError, match="not a training run"):
         report({"x": tmp_path}, tmp_path / "out")
+
+
+def test_report_adds_the_heldout_learning_curve_when_runs_measured_it(tmp_path):
+    a = _run(tmp_path / "a", "dspark", [1.0, 1.5])
+    b = _run(tmp_path / "b", "dflash", [1.0, 1.2])
+    (a / "heldout.jsonl").write_text("".join(json.dumps(
+        {"step": s, "train_seconds": 1800.0 * i, "heldout_tau": tau, "heldout_accept@1": acc}) + "\n"
+        for i, (s, tau, acc) in enumerate([(10, 1.25, 0.2), (20, 1.75, 0.5)], start=1)))
+    out = report({"dspark": a, "dflash": b}, tmp_path / "out")
+    md = (out / "training.md").read_text()
+    assert "| dspark | 10 | 0.50 | 1.250 | 0.200 |" in md and "| dspark | 20 | 1.00 | 1.750 | 0.500 |" in md
+    assert "| dflash |" not in md.split("Held-out tau along the way")[1]  # b measured nothing held out
+    assert json.loads((out / "training.json").read_text())["heldout"]["dspark"][1]["heldout_tau"] == 1.75
+    assert (out / "learning_curve.png").stat().st_size > 1000
+    assert not (tmp_path / "out2").exists()
+    report({"dflash": b}, tmp_path / "out2")
+    assert not (tmp_path / "out2" / "learning_curve.png").exists()

@@ -3,7 +3,8 @@
 `import dspark_hf` registers the `dspark` model type with `AutoConfig` / `AutoModel` and lets
 `target.generate(**inputs, assistant_model=drafter)` use a `DSparkDrafter` (batch size 1). Batches go through
 `dspark_hf.generate(target, drafter, ...)` (or `target.generate(..., custom_generate=dspark_hf.speculative_generate,
-drafter=drafter)`), with confidence-scheduled verification. Training lives in `dspark_hf.training.trainer`, calibration in
+drafter=drafter)`), with confidence-scheduled verification. `dspark_hf.load_pair(drafter_id_or_folder)` loads a
+drafter with the target it records (`dspark_hf.hub`). Training lives in `dspark_hf.training.trainer`, calibration in
 `dspark_hf.training.calibration`, evaluation in `dspark_hf.evaluation.evaluate`; real targets in `dspark_hf.testbed.targets`.
 """
 
@@ -20,6 +21,9 @@ from .decoding.scheduler import async_lengths, prefix_survival, schedule_prefix,
 from .decoding.sps import SPSTable, profile_sps
 from .models.modeling_dspark import DSparkDrafter, DSparkOutput
 from .decoding.hf_dflash import dflash_adapter, hf_dflash_generate
+from . import convert as _convert  # noqa: F401,E402  (DSparkDrafter.from_pretrained reads foreign formats)
+from .convert import convert_checkpoint, detect_format
+from .hub import NotCachedError, load_pair  # also installs the drafter's model-card writer
 from .decoding.verification import (
     SamplingParams,
     VerificationResult,
@@ -43,8 +47,12 @@ __all__ = [
     "async_lengths",
     "expected_calibration_error",
     "fit_sts",
+    "convert_checkpoint",
+    "detect_format",
     "dflash_adapter",
     "generate",
+    "load_pair",
+    "NotCachedError",
     "hf_dflash_generate",
     "prefix_survival",
     "profile_sps",

@@ -12,7 +12,13 @@
     dspark-hf bench-head      cost of the sequential head vs the parallel forward (dspark_hf.evaluation.head_cost)
     dspark-hf release         a trained drafter as the package's release drafter (testbed.release.export_target_release)
     dspark-hf fetch-target    download and convert a registered target model (testbed.targets.fetch_target)
+    dspark-hf convert         a published drafter (DeepSpec, z-lab, ...) as a native drafter (convert.convert_checkpoint)
+    dspark-hf export          a drafter in a serving engine's layout: vLLM / speculators, SGLang (convert.export)
     dspark-hf --version       prints `dspark-hf <version>`
+
+Wherever a subcommand takes a target or drafter folder (`--target`, `--drafter`), a Hub id (`org/name`) works too:
+targets resolve through `testbed.targets.load_target` (registry name, folder, else the local Hugging Face cache; never
+the network), drafters through `DSparkDrafter.from_pretrained` (the HF cache when `HF_HUB_OFFLINE=1`).
 
 Each subcommand parses its arguments in one place and calls one library function. `demo`, `bench`, `bench-head`
 and `training-report` keep their parser in their own module (`main(argv)`, also runnable as `python -m ...`); this
@@ -102,7 +108,7 @@ def _prompts(argv: list[str]) -> None:
 
 def _data(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="dspark-hf data", description="the target answers the prompts")
-    parser.add_argument("--target", required=True, help="registry name or folder of the target")
+    parser.add_argument("--target", required=True, help="registry name, folder or cached Hub id of the target")
     parser.add_argument("--prompts", required=True, help="JSONL with 'messages' (or 'prompt') per line")
     parser.add_argument("--out", required=True, help="output folder (resumable)")
     parser.add_argument("--limit", type=int)
@@ -227,11 +233,71 @@ def _release(argv: list[str]) -> None:
 
     parser = argparse.ArgumentParser(prog="dspark-hf release",
                                      description="write a trained drafter as the package's release drafter (bf16)")
-    parser.add_argument("--drafter", required=True, help="trained (and calibrated) drafter folder")
+    parser.add_argument("--drafter", required=True, help="trained (and calibrated) drafter folder or cached Hub id")
     parser.add_argument("--target", required=True, choices=sorted(RELEASES))
+    # the generated model card (README.md, dspark_hf.hub.card): numbers from results files
+    parser.add_argument("--metrics", help="compare.json of `dspark-hf compare` (tau / speedup table of the card)")
+    parser.add_argument("--calibration", help="calibration.json of `dspark-hf calibrate` (the card's calibration)")
+    parser.add_argument("--throughput", action="append", default=[], help="bench.json of `dspark-hf bench` "
+                                                                          "(repeatable)")
     args = parser.parse_args(argv)
-    out = export_target_release(args.drafter, args.target)
-    print(f"wrote {out} ({folder_bytes(out) / 1e6:.1f} MB)")
+    card = {k: v for k, v in (("metrics", args.metrics), ("calibration", args.calibration),
+                              ("throughput", args.throughput)) if v}
+    out = export_target_release(args.drafter, args.target, model_card=card)
+    print(f"wrote {out} ({folder_bytes(out) / 1e6:.1f} MB) with its model card {out / 'README.md'}")
+
+
+def _export(argv: list[str]) -> None:
+    from .convert.export import EXPORT_FORMATS
+
+    parser = argparse.ArgumentParser(
+        prog="dspark-hf export",
+        description="write a drafter in a serving engine's layout: 'speculators' (vllm-project/speculators, vLLM), "
+                    "'sglang' (SGLang's DSpark path; also vLLM's `method: dspark`), 'deepspec' (DeepSpec's own "
+                    "format, with the target's embedding / LM head copies)")
+    parser.add_argument("--to", required=True, choices=EXPORT_FORMATS)
+    parser.add_argument("drafter", help="drafter folder")
+    parser.add_argument("out", help="folder to write (atomically)")
+    parser.add_argument("--target", help="target model (registered name, folder or Hub id): needed by 'speculators' "
+                                         "and 'deepspec', which carry copies of its embedding and LM head")
+    parser.add_argument("--mask-token-id", type=int,
+                        help="for a drafter with a learned mask embedding: a token id the target never reads or "
+                             "writes, whose embedding row carries the learned vector")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"],
+                        help="dtype of the written weights (default: the drafter's)")
+    parser.add_argument("--verifier", help="verifier name written into speculators_config (default: --target)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    args = parser.parse_args(argv)
+    import torch
+
+    from .convert.export import export_drafter, serve_command
+
+    out = export_drafter(args.drafter, args.out, to=args.to, target=args.target, mask_token_id=args.mask_token_id,
+                         dtype=getattr(torch, args.dtype) if args.dtype else None,
+                         verifier_name_or_path=args.verifier or args.target, overwrite=args.overwrite)
+    from .convert.export import SIDE_FILE
+
+    block_size = __import__("json").loads((out / SIDE_FILE).read_text())["block_size"]
+    print(out)
+    print("serve with: " + serve_command(args.to, out, args.target or "TARGET", block_size))
+
+
+def _convert(argv: list[str]) -> None:
+    from .convert import FORMATS, convert_checkpoint
+
+    parser = argparse.ArgumentParser(
+        prog="dspark-hf convert",
+        description="convert a published drafter checkpoint (DeepSpec, z-lab DFlash, transformers' DFlash, SpecForge, "
+                    "speculators) into a native DSpark drafter folder, written atomically")
+    parser.add_argument("src", help="checkpoint folder or Hub id")
+    parser.add_argument("out", help="folder to write")
+    parser.add_argument("--from", dest="source_format", choices=FORMATS,
+                        help="source format (default: detected from config.json)")
+    parser.add_argument("--target", help="target model (folder or Hub id): checks the fingerprint and the stored "
+                                         "embedding / LM-head copies; needed by transformers-dflash (no vocabulary)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing OUT")
+    args = parser.parse_args(argv)
+    print(convert_checkpoint(args.src, args.out, args.source_format, target=args.target, overwrite=args.overwrite))
 
 
 COMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
@@ -247,6 +313,8 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
     "bench-head": (_bench_head, "time the sequential head against the parallel forward"),
     "release": (_release, "write a trained drafter as the package's release drafter"),
     "fetch-target": (_fetch_target, "download and convert a registered target model"),
+    "convert": (_convert, "a published drafter checkpoint (DeepSpec, z-lab, ...) as a native drafter"),
+    "export": (_export, "write a drafter for vLLM / speculators or SGLang (--to ...)"),
 }
 
 

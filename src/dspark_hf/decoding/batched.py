@@ -281,7 +281,8 @@ class GenerationSettings:
 
 
 def _check_inputs(target: PreTrainedModel, input_ids: torch.Tensor, attention_mask: torch.Tensor | None,
-                  max_new_tokens: int, policy: str, drafter: DSparkDrafter) -> torch.Tensor:
+                  max_new_tokens: int, policy: str, drafter: DSparkDrafter | None,
+                  speculate: bool = True) -> torch.Tensor:
     """Refuses inputs the loop cannot decode exactly; returns the attention mask (all ones if None) as long."""
     if input_ids is None or input_ids.dim() != 2 or input_ids.shape[0] == 0 or input_ids.shape[1] == 0:
         raise ValueError(f"input_ids must be a non-empty [batch, length] tensor, got "
@@ -300,7 +301,12 @@ def _check_inputs(target: PreTrainedModel, input_ids: torch.Tensor, attention_ma
         raise ValueError(f"max_new_tokens must be a positive integer, got {max_new_tokens!r}")
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
-    if policy != "fixed" and drafter.confidence_head is None:
+    if not speculate:
+        if drafter is not None and not isinstance(drafter, DSparkDrafter):
+            raise TypeError(f"drafter must be a DSparkDrafter or None, got {type(drafter).__name__}")
+    elif drafter is None:
+        raise ValueError("generate() needs a drafter (or speculate=False for plain decoding through the same loop)")
+    elif policy != "fixed" and drafter.confidence_head is None:
         raise ValueError(f"policy={policy!r} needs a drafter with a confidence head; this one has none "
                          f"(a DFlash-style drafter): use policy='fixed'")
     text = target.config.get_text_config()
@@ -340,6 +346,7 @@ def generate(
     record_rounds: bool = False,
     count_round_overhead: bool = True,
     idle_backoff: bool = True,
+    speculate: bool = True,
     **config_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """Speculative decoding of a left-padded batch with a DSpark drafter. Lossless: greedy output equals each row's
@@ -379,6 +386,9 @@ def generate(
             measured per-round overhead) is below plain decoding's (cost curve plus the overhead without the
             drafter's measured time). Decided from past rounds only, so the output is exactly the same as without it
             (lossless either way); it only saves the drafter's cost under load.
+        speculate: False runs the same loop with no drafts at all: one target forward per token, no hidden states,
+            no drafter context (`drafter` may be None; `policy` and `sps` are not used). The output equals plain
+            decoding's; it is the speed reference of the loop itself (what the idle backoff's skipped rounds cost).
         **config_kwargs: `GenerationConfig` settings by name (e.g. `max_length=`, `use_cache=`), as
             `target.generate` accepts them; anything else raises `TypeError`.
     """
@@ -387,32 +397,35 @@ def generate(
         target, input_ids.shape[-1] if isinstance(input_ids, torch.Tensor) else 0, generation_config, config_kwargs,
         max_new_tokens=max_new_tokens, do_sample=do_sample, temperature=temperature, top_k=top_k, top_p=top_p,
         eos_token_id=eos_token_id, pad_token_id=pad_token_id, return_dict_in_generate=return_dict_in_generate)
-    attention_mask = _check_inputs(target, input_ids, attention_mask, settings.max_new_tokens, policy, drafter)
-    if not drafter.bound_to(target):
+    attention_mask = _check_inputs(target, input_ids, attention_mask, settings.max_new_tokens, policy, drafter,
+                                   speculate)
+    if speculate and not drafter.bound_to(target):
         drafter.bind_target(target)
     if streamer is not None and input_ids.shape[0] != 1:
         raise ValueError("streamer is supported for batch size 1 only")
     sampling = settings.sampling()
-    block_size = drafter.config.block_size
+    block_size = drafter.config.block_size if speculate else 0
     hole_budget = 2 * (block_size + 1) if hole_budget is None else int(hole_budget)
     device = input_ids.device
-    if policy in PRICED_POLICIES:
+    priced = speculate and policy in PRICED_POLICIES
+    if priced:
         sps = resolve_sps(target, sps, max_tokens=input_ids.shape[0] * (block_size + 1))
-    clock = RoundClock(priced=count_round_overhead and policy in PRICED_POLICIES)
+    clock = RoundClock(priced=count_round_overhead and priced)
     choose = LengthPolicy(policy, block_size, sps, threshold, clock)
-    backoff = IdleBackoff(enabled=idle_backoff and policy in PRICED_POLICIES)
+    backoff = IdleBackoff(enabled=idle_backoff and priced)
     criteria = settings.stopping_criteria(stopping_criteria)
     outputs = RowOutputs(input_ids, attention_mask, max_new_tokens=settings.max_new_tokens, started=started,
                          eos_token_ids=settings.eos_token_ids, stopping_criteria=criteria, streamer=streamer,
                          pad_token_id=settings.pad_token_id)
-    layer_ids = target_layer_ids(drafter)
+    layer_ids = target_layer_ids(drafter) if speculate else None  # hidden states only for the drafter's context
     records: list[RoundRecord] = []
 
     # ---------------------------------------------------------------- prefill: prompts -> caches + first tokens
-    rows, first = ActiveRows.prefill(target, drafter, input_ids, attention_mask, sampling, generator)
+    rows, first = ActiveRows.prefill(target, drafter, input_ids, attention_mask, sampling, generator,
+                                     context=speculate)
     if streamer is not None:
         streamer.put(input_ids.cpu())
-    finished = outputs.emit(rows.ids.tolist(), [[t] for t in first.tolist()], [1] * len(rows))
+    finished = outputs.emit(rows.ids, first[:, None], torch.ones(len(rows), dtype=torch.long))
 
     # ---------------------------------------------------------------- rounds
     while True:
@@ -421,10 +434,8 @@ def generate(
             break
         rows.compact_holes(hole_budget)
         round_start = time.perf_counter()
-        if backoff.skip():  # plain decoding round: no drafts, nothing for the policy to choose
-            block, draft_seconds = None, 0.0
-            lengths = torch.zeros(len(rows), dtype=torch.long)
-        else:
+        block, width, draft_seconds = None, 1, 0.0
+        if speculate and not backoff.skip():  # (a skipped round is plain decoding: nothing for the policy to choose)
             draft_start = time.perf_counter()
             block = drafter.draft(rows.context, rows.anchors.to(drafter.device),
                                   anchor_positions=rows.next_pos.to(drafter.device), sampling=sampling,
@@ -433,30 +444,38 @@ def generate(
             lengths = choose.lengths(block, rows.ids)
             if backoff.enabled:
                 backoff.observe(choose.pays(block, lengths))
-        lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids)).to(device)
+            lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
+            width = 1 + int(lengths.max())
 
-        # verify: row r feeds [anchor, d_1..d_{l_r}], right-padded to the round's width, in one target forward
-        width = 1 + int(lengths.max())
-        drafts = (torch.zeros(len(rows), 0, dtype=torch.long, device=device) if block is None
-                  else block.tokens[:, : width - 1].to(device))
-        slots = torch.arange(width, device=device)
-        step_valid = slots[None, :] < (1 + lengths)[:, None]  # slots past 1 + l_r are padding
-        tokens = torch.where(step_valid, torch.cat([rows.anchors[:, None], drafts], dim=1), rows.anchors[:, None])
-        positions = rows.next_pos[:, None] + slots[None, :]
+        if width == 1:  # no draft to verify: a plain decoding step (every row feeds its anchor)
+            lengths = torch.zeros(len(rows), dtype=torch.long)
+            drafts = rows.anchors.new_zeros(len(rows), 0)
+            tokens, positions = rows.anchors[:, None], rows.next_pos[:, None]
+            step_valid = torch.ones(len(rows), 1, dtype=torch.bool, device=device)
+        else:  # row r feeds [anchor, d_1..d_{l_r}], right-padded to the round's width
+            lengths = lengths.to(device)
+            drafts = block.tokens[:, : width - 1].to(device)
+            slots = torch.arange(width, device=device)
+            step_valid = slots[None, :] < (1 + lengths)[:, None]  # slots past 1 + l_r are padding
+            tokens = torch.where(step_valid, torch.cat([rows.anchors[:, None], drafts], dim=1), rows.anchors[:, None])
+            positions = rows.next_pos[:, None] + slots[None, :]
         verify_start = time.perf_counter()
         out = target(input_ids=tokens, attention_mask=torch.cat([rows.kv_valid, step_valid], dim=1).long(),
                      position_ids=positions, cache=rows.cache, use_cache=True, output_hidden_states=layer_ids)
         verify_seconds = time.perf_counter() - verify_start
 
-        # accept: each row's longest valid prefix plus one target token
-        draft_logits = (out.logits.new_zeros(len(rows), 0, out.logits.shape[-1]) if block is None
-                        else block.logits[:, : width - 1].to(device))
-        result = verify(drafts, draft_logits, out.logits.float(), sampling, num_drafts=lengths, generator=generator,
+        # accept: each row's longest valid prefix plus one target token (no drafts: the target's own token)
+        if width == 1:
+            draft_logits = out.logits[:, :0]
+        else:
+            draft_logits = block.logits[:, : width - 1].to(device)
+        result = verify(drafts, draft_logits, out.logits, sampling, num_drafts=lengths, generator=generator,
                         pad_token_id=settings.pad_token_id)
 
         # update caches: anchor + accepted drafts become context of both caches; the rest stay holes
-        kept = slots[None, :] < (1 + result.num_accepted)[:, None]
-        rows.advance(out.hidden_states, positions, kept, result.num_accepted, result.next_tokens)
+        kept = step_valid if width == 1 else slots[None, :] < (1 + result.num_accepted)[:, None]
+        rows.advance(out.hidden_states if speculate else None, positions, kept, result.num_accepted,
+                     result.next_tokens)
 
         # emit: cut at EOS / stopping criteria / max_new_tokens, stream, count; finished rows go next round
         if record_rounds:
@@ -465,8 +484,7 @@ def generate(
                 confidence_logits=None if block is None or block.confidence_logits is None
                 else block.confidence_logits.float().cpu(),
                 drafts=None if block is None else block.tokens.cpu().clone()))
-        finished = outputs.emit(rows.ids.tolist(), result.tokens.tolist(), result.num_new.tolist(), lengths.tolist(),
-                                result.num_accepted.tolist())
+        finished = outputs.emit(rows.ids, result.tokens, result.num_new, lengths, result.num_accepted)
         if block is not None:  # the per-round overhead the cost curve does not see: all but the target's forward
             clock.add(time.perf_counter() - round_start - verify_seconds, draft_seconds)
 
@@ -493,6 +511,7 @@ def speculative_generate(
     sps: Any = None,
     threshold: float = 0.5,
     generator: torch.Generator | None = None,
+    speculate: bool = True,
     **model_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """The same loop behind `target.generate(**inputs, custom_generate=dspark_hf.speculative_generate,
@@ -500,7 +519,7 @@ def speculative_generate(
     generation config that generate() prepared, custom stopping criteria (including `stop_strings`) from its list.
     transformers drops `streamer` on this path; pass it to `dspark_hf.generate`. Pass `sps=dspark_hf.SPSCache()` (or
     a table) to profile the cost curve once across calls."""
-    if drafter is None:
+    if drafter is None and speculate:
         raise ValueError("speculative_generate needs drafter=<DSparkDrafter> (pass it to target.generate)")
     if synced_gpus:
         raise NotImplementedError("dspark_hf's batched loop does not keep processes in step (synced_gpus: DeepSpeed "
@@ -524,5 +543,5 @@ def speculative_generate(
     return generate(
         model, drafter, input_ids, attention_mask, generation_config=config, policy=policy, sps=sps,
         threshold=threshold, stopping_criteria=StoppingCriteriaList(custom) if custom else None, streamer=streamer,
-        generator=generator, **model_kwargs,
+        generator=generator, speculate=speculate, **model_kwargs,
     )

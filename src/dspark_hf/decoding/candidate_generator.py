@@ -20,6 +20,8 @@ from typing import Any
 
 import torch
 from transformers.generation.candidate_generator import CandidateGenerator
+from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria,
+                                                       StoppingCriteriaList)
 from transformers.generation.utils import GenerationMixin
 
 from ..models.modeling_dspark import DSparkDrafter
@@ -52,6 +54,40 @@ class SpeculationStats:
         return sum(a + 1 for a in self.accepted) / max(1, len(self.accepted))
 
 
+@dataclass
+class _StopRules:
+    """A stopping-criteria list split by how a drafted block is checked against it.
+
+    transformers' own criteria are checked for the whole block at once: `MaxLengthCriteria` fires on a length
+    (`max_length`), `EosTokenCriteria` on a token (`eos_ids`), `MaxTimeCriteria` on the clock only (`timers`, checked
+    once). Any other criterion (stop strings, user criteria) is called per draft as before (`per_token`)."""
+
+    max_length: int | None = None
+    eos_ids: torch.Tensor | None = None
+    timers: list[Any] = field(default_factory=list)
+    per_token: StoppingCriteriaList | None = None
+
+    @classmethod
+    def split(cls, criteria: Any) -> "_StopRules":
+        rules, others, eos = cls(), [], []
+        pending = list(criteria)
+        while pending:
+            c = pending.pop(0)
+            if type(c) is StoppingCriteriaList:
+                pending[:0] = list(c)
+            elif type(c) is MaxLengthCriteria:
+                rules.max_length = c.max_length if rules.max_length is None else min(rules.max_length, c.max_length)
+            elif type(c) is EosTokenCriteria:
+                eos.append(torch.as_tensor(c.eos_token_id).flatten())
+            elif type(c) is MaxTimeCriteria:
+                rules.timers.append(c)
+            else:
+                others.append(c)
+        rules.eos_ids = torch.cat(eos).long() if eos else None
+        rules.per_token = StoppingCriteriaList(others) if others else None
+        return rules
+
+
 class DSparkCandidateGenerator(CandidateGenerator):
     """Drafts DSpark blocks for transformers' assisted-decoding loop (batch size 1)."""
 
@@ -68,11 +104,13 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if not drafter.bound_to(target):
             drafter.bind_target(target)
         self.drafter = drafter
-        self.model_kwargs_overrides = {"output_hidden_states": [i + 1 for i in drafter.config.target_layer_ids]}
+        self._layer_ids = [i + 1 for i in drafter.config.target_layer_ids]
+        self.model_kwargs_overrides = {"output_hidden_states": list(self._layer_ids)}
         self.max_length = int(generation_config.max_length)
         self.do_sample = bool(generation_config.do_sample)
         self.logits_processor = logits_processor if logits_processor is not None and len(logits_processor) else None
         self.stopping_criteria = stopping_criteria if stopping_criteria is not None and len(stopping_criteria) else None
+        self._stop = None if self.stopping_criteria is None else _StopRules.split(self.stopping_criteria)
         self.cache = drafter.new_cache()
         self.prefilled = False
         self.stats = SpeculationStats()
@@ -121,15 +159,28 @@ class DSparkCandidateGenerator(CandidateGenerator):
 
         transformers checks stopping criteria only after a whole round; a draft that completes a stop condition would
         let the round run past it. We cut the block before such a draft: if the drafts before it are accepted, the
-        target's own next token completes the stop exactly where plain decoding stops.
+        target's own next token completes the stop exactly where plain decoding stops. transformers' length, EOS and
+        time criteria are checked for the whole block at once (no per-draft calls); other criteria per draft.
         """
-        if self.stopping_criteria is None:
-            return tokens.shape[1]
-        for j in range(tokens.shape[1]):
-            prefix = torch.cat([input_ids, tokens[:, : j + 1]], dim=-1)
-            if bool(self.stopping_criteria(prefix, logits[:, j].to(input_ids.device)).any()):
-                return j
-        return tokens.shape[1]
+        n = tokens.shape[1]
+        rules = self._stop
+        if rules is None:
+            return n
+        length = input_ids.shape[1]  # draft j makes the sequence length + j + 1 tokens long
+        if rules.max_length is not None:
+            n = min(n, max(0, rules.max_length - length - 1))
+        if n and any(bool(t(input_ids, None).any()) for t in rules.timers):
+            return 0
+        if n and rules.eos_ids is not None:
+            hits = torch.isin(tokens[0, :n], rules.eos_ids.to(tokens.device)).nonzero()
+            if hits.numel():
+                n = int(hits[0, 0])
+        if rules.per_token is not None:
+            for j in range(n):
+                prefix = torch.cat([input_ids, tokens[:, : j + 1]], dim=-1)
+                if bool(rules.per_token(prefix, logits[:, j].to(input_ids.device)).any()):
+                    return j
+        return n
 
     def _append_verified_rows(
         self, input_ids: torch.LongTensor, model_kwargs: dict[str, Any], outputs: Any, n_last_matches: int
@@ -142,9 +193,13 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if num_rows <= 0:
             return
         device = self.drafter.device
-        features = self.drafter.context_features(
-            [None if h is None else h[:, :num_rows].to(device) for h in outputs.hidden_states]
-        )
+        states = outputs.hidden_states
+        # slice only the layers the drafter reads (once each), then concatenate: [1, num_rows, m * d]
+        picked = [None] * len(states)
+        for i in self._layer_ids:
+            if i < len(states) and states[i] is not None:
+                picked[i] = states[i][:, :num_rows].to(device)
+        features = self.drafter.context_features(picked)
         if not self.prefilled:
             mask = model_kwargs.get("attention_mask")
             if mask is not None:

@@ -22,10 +22,13 @@ itself and speaks HF's calling convention:
   true positions (from `position_ids`, validity from `attention_mask`); HF's `DFlashCache` is passed through untouched
   (it stays empty, so HF's per-round `crop` is a no-op). A new `DFlashCache` object means a new `generate()` call and
   resets the adapter's cache;
-* it builds our block `[anchor embedding, mask x (K - 1)]` from `noise_embeds[:, :1]` (exactly
-  `drafter.block_embeddings(anchor)`: HF bypasses an embedding's optional `embed_norm`, which is re-applied here) and
-  runs our backbone, returning `last_hidden_state` `[1, K + 1, d]` whose rows `1..K` are the drafter's final normed slot
-  states. The target's LM head turns them into exactly our base draft logits; row 0 is a zero placeholder HF ignores.
+* it builds our block in the drafter's own layout (`drafter.block_states`: `[anchor embedding, mask x (K - 1)]`,
+  or `[anchor, mask x K]` for a "dflash"-layout drafter such as a converted z-lab checkpoint) from
+  `noise_embeds[:, :1]` (exactly `drafter.block_embeddings(anchor)`: HF bypasses an embedding's optional
+  `embed_norm`, which is re-applied here) and
+  runs our backbone, returning `last_hidden_state` `[1, K + 1, d]` whose rows `1..K` are the drafter's final normed
+  states of its K draft slots (`drafter.draft_slots`). The target's LM head turns them into exactly our base draft
+  logits; row 0 is a zero placeholder HF ignores.
 
 Only sequential-head-free ("DFlash-variant", `sequential_head="none"`) drafters apply: HF drafts every slot
 independently by argmax / sampling of `lm_head(h_k)` and cannot run a Markov / RNN head. A confidence head, if any, is
@@ -225,15 +228,12 @@ class DFlashAdapter(PreTrainedModel):
             raise ValueError("DFlashAdapter: no context yet; the first call must carry the prompt's context rows")
 
         anchor_positions = position_ids[:, num_rows]  # [B]
-        positions = anchor_positions[:, None] + torch.arange(k, device=device)  # [B, K]
-        cache_ = self.context_cache
-        sees_ctx = cache_.valid & (cache_.positions < anchor_positions[:, None])
-        mask = torch.cat([sees_ctx[:, None, :].expand(b, k, -1),
-                          torch.ones(b, k, k, dtype=torch.bool, device=device)], dim=-1)
-        # Our block: the mask rows exactly as `block_embeddings` builds them, the anchor row from HF's embedding.
-        block = drafter.block_embeddings(torch.zeros(b, dtype=torch.long, device=device)).clone()
-        block[:, 0] = self._anchor_embedding(noise_embeds.to(device))[:, 0]
-        hidden = drafter._backbone(block, positions, lambda i: (cache_.keys[i], cache_.values[i]), mask)  # [B, K, d]
+        # Our block (in the drafter's own layout): the mask rows exactly as `block_embeddings` builds them, the anchor
+        # row from HF's embedding; then the K rows that predict drafts.
+        anchor = self._anchor_embedding(noise_embeds.to(device))[:, 0]
+        hidden = drafter.draft_slots(drafter.block_states(
+            self.context_cache, torch.zeros(b, dtype=torch.long, device=device), anchor_positions,
+            anchor_embeddings=anchor))  # [B, K, d]
         _, head = drafter._require_bound()
         hidden = hidden.to(head.weight.dtype)  # what `drafter.lm_head` feeds the head
         last = torch.cat([torch.zeros_like(hidden[:, :1]), hidden], dim=1)

@@ -16,8 +16,8 @@ Each piece is a small typed object with the methods the loop calls, so that `gen
   the round is expected to pay.
 * `IdleBackoff`: skips the drafter after rounds that did not pay for it (2, 4, ... 32 rounds), probing in between.
 
-Everything here decides from past rounds only (the admission rule stays non-anticipating) and does at most one Python
-pass over the rows per round (`RowOutputs.emit`); the rest is tensor code.
+Everything here decides from past rounds only (the admission rule stays non-anticipating) and is tensor code: no
+Python pass over the rows per round (only stopping criteria and a streamer, which need each row's tokens, take one).
 """
 
 from __future__ import annotations
@@ -111,6 +111,10 @@ class RowOutputs:
         streamer: receives every emitted chunk (batch size 1 only; checked by the caller).
         pad_token_id: pads the rows of `sequences` past their end.
         started: `time.perf_counter()` at the start of the call (for `RowStats.seconds`).
+
+    The tokens live in one `[R, max_new_tokens]` (CPU) buffer and `emit` is tensor code (EOS, `max_new_tokens`): no
+    per-row Python unless stopping criteria or a streamer need each row's tokens. Per-round statistics are logged as
+    tensors and turned into `RowStats` when `stats` is read.
     """
 
     def __init__(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, max_new_tokens: int,
@@ -120,70 +124,104 @@ class RowOutputs:
         self.input_ids, self.attention_mask = input_ids, attention_mask
         self.max_new_tokens = max_new_tokens
         self.eos = frozenset(int(t) for t in eos_token_ids)
+        self._eos = torch.tensor(sorted(self.eos), dtype=torch.long) if self.eos else None
         self.stopping_criteria = stopping_criteria
         self.streamer = streamer
         self.pad_token_id = pad_token_id
         self.started = started
-        self.tokens: list[list[int]] = [[] for _ in range(rows)]
-        self.stats: list[RowStats] = [RowStats() for _ in range(rows)]
-        self._counts = torch.zeros(rows, dtype=torch.long)  # len(self.tokens[row]), as a tensor for `remaining`
+        self.buffer = torch.full((rows, max_new_tokens), pad_token_id, dtype=torch.long)  # generated tokens (CPU)
+        self._counts = torch.zeros(rows, dtype=torch.long)  # tokens generated per row
+        self._seconds = torch.zeros(rows, dtype=torch.float64)
+        self._log: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # rows, l_r, acc, emitted
+        self._stats: list[RowStats] | None = None
 
     def remaining(self, rows: torch.Tensor) -> torch.Tensor:
         """`[R]` (CPU) drafts each of `rows` may still verify this round: its remaining tokens less the one the target
         always adds, at least 0."""
         return (self.max_new_tokens - 1 - self._counts[rows]).clamp(min=0)
 
-    def emit(self, rows: list[int], tokens: list[list[int]], counts: list[int], verified: list[int] | None = None,
-             accepted: list[int] | None = None) -> torch.Tensor:
-        """Appends `tokens[i][:counts[i]]` to row `rows[i]` (original index), cut at the first EOS, the first token on
+    def emit(self, rows: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, verified: torch.Tensor | None = None,
+             accepted: torch.Tensor | None = None) -> torch.Tensor:
+        """Appends `tokens[i, :counts[i]]` to row `rows[i]` (original index), cut at the first EOS, the first token on
         which a stopping criterion fires, or `max_new_tokens`, and streams them. With `verified` / `accepted` (the
-        round's l_r and accepted drafts) the rows' `RowStats` record the round. Returns the `[R]` (CPU) finished
-        mask."""
-        finished = torch.zeros(len(rows), dtype=torch.bool)
-        lengths = []
-        for i, row in enumerate(rows):
-            out = self.tokens[row]
-            start = len(out)
-            new = tokens[i][: counts[i]][: self.max_new_tokens - start]
-            if verified is not None:
-                s = self.stats[row]
-                s.rounds += 1
-                s.verified += verified[i]
-                s.accepted += accepted[i]
-                s.accepted_lengths.append(counts[i])
-                s.verify_lengths.append(verified[i])
-            stop = False
-            for j, tok in enumerate(new):
-                if tok in self.eos or (self.stopping_criteria is not None and self._criteria_fire(row, new[: j + 1])):
-                    new, stop = new[: j + 1], True
-                    break
-            out.extend(new)
-            lengths.append(len(out))
-            if stop or len(out) >= self.max_new_tokens:
-                finished[i] = True
-                self.stats[row].seconds = time.perf_counter() - self.started
-            if self.streamer is not None:
-                self.streamer.put(torch.tensor(new))
-        self._counts[rows] = torch.tensor(lengths, dtype=torch.long)
+        round's l_r and accepted drafts) the rows' `RowStats` record the round. All arguments are `[R]` / `[R, W]`
+        tensors. Returns the `[R]` (CPU) finished mask."""
+        tokens, counts = tokens.cpu(), counts.cpu()
+        width = tokens.shape[1]
+        start = self._counts[rows]
+        take = torch.minimum(counts, self.max_new_tokens - start)  # tokens to append per row
+        slots = torch.arange(width)
+        stop = torch.zeros(len(rows), dtype=torch.bool)
+        if self._eos is not None:
+            hit = torch.isin(tokens, self._eos) & (slots[None, :] < take[:, None])
+            stop = hit.any(dim=1)
+            take = torch.where(stop, hit.int().argmax(dim=1) + 1, take)  # keep the first EOS itself
+        if self.stopping_criteria is not None or self.streamer is not None:
+            take, stop = self._per_row(rows, tokens, start, take, stop)
+        keep = slots[None, :] < take[:, None]
+        self.buffer[rows[:, None].expand(-1, width)[keep], (start[:, None] + slots[None, :])[keep]] = tokens[keep]
+        self._counts[rows] = end = start + take
+        finished = stop | (end >= self.max_new_tokens)
+        if bool(finished.any()):
+            self._seconds[rows[finished]] = time.perf_counter() - self.started
+        if verified is not None:
+            self._log.append((rows.clone(), verified.cpu(), accepted.cpu(), counts.clone()))
+        self._stats = None
         return finished
 
-    def _criteria_fire(self, row: int, new: list[int]) -> bool:
+    def _per_row(self, rows: torch.Tensor, tokens: torch.Tensor, start: torch.Tensor, take: torch.Tensor,
+                 stop: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Stopping criteria (checked after every token, before the EOS cut) and the streamer, row by row."""
+        take, stop = take.clone(), stop.clone()
+        for i, row in enumerate(rows.tolist()):
+            new = tokens[i, : int(take[i])]
+            if self.stopping_criteria is not None:
+                for j in range(len(new)):
+                    if self._criteria_fire(row, int(start[i]), new[: j + 1]):
+                        new, take[i], stop[i] = new[: j + 1], j + 1, True
+                        break
+            if self.streamer is not None:
+                self.streamer.put(new.clone())
+        return take, stop
+
+    def _criteria_fire(self, row: int, start: int, new: torch.Tensor) -> bool:
         device = self.input_ids.device
         seq = torch.cat([self.input_ids[row, self.attention_mask[row].bool()],
-                         torch.tensor(self.tokens[row] + new, dtype=torch.long, device=device)])[None]
+                         self.buffer[row, :start].to(device), new.to(device)])[None]
         return bool(torch.as_tensor(self.stopping_criteria(seq, None)).any())
+
+    @property
+    def stats(self) -> list[RowStats]:
+        """Per-row `RowStats` of the rounds so far (built from the round log)."""
+        if self._stats is None:
+            stats = [RowStats() for _ in range(self.buffer.shape[0])]
+            for rows, verified, accepted, emitted in self._log:
+                for row, v, a, e in zip(rows.tolist(), verified.tolist(), accepted.tolist(), emitted.tolist()):
+                    s = stats[row]
+                    s.rounds += 1
+                    s.verified += v
+                    s.accepted += a
+                    s.accepted_lengths.append(e)
+                    s.verify_lengths.append(v)
+            for s, seconds in zip(stats, self._seconds.tolist()):
+                s.seconds = seconds
+            self._stats = stats
+        return self._stats
+
+    @property
+    def tokens(self) -> list[list[int]]:
+        """The generated tokens of every row, as lists."""
+        return [self.buffer[r, :n].tolist() for r, n in enumerate(self._counts.tolist())]
 
     @property
     def num_generated(self) -> torch.Tensor:
         """`[R]` tokens generated per row (on the prompts' device)."""
-        return torch.tensor([len(t) for t in self.tokens], dtype=torch.long, device=self.input_ids.device)
+        return self._counts.to(self.input_ids.device)
 
     def sequences(self) -> torch.Tensor:
         """`[R, L + longest]`: the prompts as given, then each row's tokens right-padded with `pad_token_id`."""
-        longest = max(len(t) for t in self.tokens)
-        generated = torch.tensor([t + [self.pad_token_id] * (longest - len(t)) for t in self.tokens],
-                                 dtype=torch.long, device=self.input_ids.device)
-        return torch.cat([self.input_ids, generated], dim=1)
+        longest = int(self._counts.max())
+        return torch.cat([self.input_ids, self.buffer[:, :longest].to(self.input_ids.device)], dim=1)
 
 
 # ---------------------------------------------------------------------------------------------- rows and caches
@@ -208,9 +246,13 @@ class ActiveRows:
         kv_valid: `[R, T]` which columns of the target's cache each row attends to; the others are *holes*
             (left padding, rejected drafts, padding of short rows).
         cache: the target's `DynamicCache`.
-        context: the drafter's context cache (target hidden states of the verified tokens).
-        drafter: the drafter that reads `context`.
+        context: the drafter's context cache (target hidden states of the verified tokens); None when the call never
+            drafts (`speculate=False`).
+        drafter: the drafter that reads `context` (None without a context).
         peak_columns: the widest the target's cache has been (columns).
+        num_valid: `[R]` valid columns per row (`kv_valid.sum(1)`), kept up to date without re-reducing `kv_valid`.
+        spare: columns a compaction would drop (`T - max(num_valid)`); it only changes in rounds that reject drafts
+            and when rows are dropped, so most rounds never look at the mask.
     """
 
     ids: torch.Tensor
@@ -218,31 +260,40 @@ class ActiveRows:
     next_pos: torch.Tensor
     kv_valid: torch.Tensor
     cache: DynamicCache
-    context: DSparkContextCache
-    drafter: DSparkDrafter
+    context: DSparkContextCache | None
+    drafter: DSparkDrafter | None
     peak_columns: int = 0
+    num_valid: torch.Tensor | None = None
+    spare: int = 0
 
     @classmethod
-    def prefill(cls, target: PreTrainedModel, drafter: DSparkDrafter, input_ids: torch.Tensor,
-                attention_mask: torch.Tensor, sampling: SamplingParams,
-                generator: torch.Generator | None) -> tuple["ActiveRows", torch.Tensor]:
-        """Runs the target over the left-padded prompts, feeds the drafter their hidden states and picks every row's
-        first token (greedy or sampled). Returns the rows' state (anchors = the first tokens) and the first tokens."""
+    def prefill(cls, target: PreTrainedModel, drafter: DSparkDrafter | None, input_ids: torch.Tensor,
+                attention_mask: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
+                context: bool = True) -> tuple["ActiveRows", torch.Tensor]:
+        """Runs the target over the left-padded prompts, feeds the drafter their hidden states (unless `context` is
+        False: a call that never drafts) and picks every row's first token (greedy or sampled). Returns the rows'
+        state (anchors = the first tokens) and the first tokens."""
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         out = target(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
-                     use_cache=True, output_hidden_states=target_layer_ids(drafter), logits_to_keep=1)
+                     use_cache=True, output_hidden_states=target_layer_ids(drafter) if context else None,
+                     logits_to_keep=1)
         first = sampling.warp(out.logits[:, -1].float())
         if sampling.do_sample:
             first_tokens = torch.multinomial(torch.softmax(first, -1), 1, generator=generator).squeeze(1)
         else:
             first_tokens = first.argmax(-1)
-        context = drafter.new_cache()
-        drafter.append_context(context, drafter.context_features(out.hidden_states).to(drafter.device),
-                               positions.to(drafter.device), attention_mask.bool().to(drafter.device))
+        ctx = None
+        if context:
+            ctx = drafter.new_cache()
+            drafter.append_context(ctx, drafter.context_features(out.hidden_states).to(drafter.device),
+                                   positions.to(drafter.device), attention_mask.bool().to(drafter.device))
         kv_valid = attention_mask.bool()
+        num_valid = kv_valid.sum(dim=1)
         rows = cls(ids=torch.arange(input_ids.shape[0]), anchors=first_tokens, next_pos=attention_mask.sum(dim=1),
-                   kv_valid=kv_valid, cache=cache, context=context, drafter=drafter, peak_columns=kv_valid.shape[1])
+                   kv_valid=kv_valid, cache=cache, context=ctx, drafter=drafter if context else None,
+                   peak_columns=kv_valid.shape[1], num_valid=num_valid,
+                   spare=kv_valid.shape[1] - int(num_valid.max()))
         return rows, first_tokens
 
     def __len__(self) -> int:
@@ -255,26 +306,40 @@ class ActiveRows:
         keep = (~finished).nonzero().flatten()
         if len(keep):
             self.cache.batch_select_indices(keep.to(self.kv_valid.device))
-            self.context.select_rows(keep.to(self.drafter.device))
+            if self.context is not None:
+                self.context.select_rows(keep.to(self.drafter.device))
         self.ids, self.anchors, self.next_pos = self.ids[keep], self.anchors[keep], self.next_pos[keep]
         self.kv_valid = self.kv_valid[keep]
+        self.num_valid = self.num_valid[keep.to(self.num_valid.device)]
+        self.spare = self.kv_valid.shape[1] - int(self.num_valid.max()) if len(keep) else 0
 
-    def compact_holes(self, hole_budget: int) -> None:
-        """Compacts both caches once the widest row carries more than `hole_budget` masked columns."""
-        if self.kv_valid.shape[1] - int(self.kv_valid.sum(dim=1).max()) > hole_budget:
-            self.kv_valid = compact_target_cache(self.cache, self.kv_valid)
+    def compact_holes(self, hole_budget: int) -> bool:
+        """Compacts both caches once the widest row carries more than `hole_budget` masked columns. Returns whether
+        it did."""
+        if self.spare <= hole_budget:
+            return False
+        self.kv_valid = compact_target_cache(self.cache, self.kv_valid)
+        if self.context is not None:
             self.context.compact()
+        self.spare = 0
+        return True
 
-    def advance(self, hidden_states: Sequence[torch.Tensor], positions: torch.Tensor, kept: torch.Tensor,
+    def advance(self, hidden_states: Sequence[torch.Tensor] | None, positions: torch.Tensor, kept: torch.Tensor,
                 num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """After a verification forward over `positions` `[R, W]`: the columns in `kept` (anchor + accepted drafts)
-        become context of the target's cache and, with their hidden states, of the drafter's; the rest stay holes.
-        `next_tokens` (the correction / bonus token) become the anchors."""
+        become context of the target's cache and, with their hidden states, of the drafter's (when there is a
+        drafter context); the rest stay holes. `next_tokens` (the correction / bonus token) become the anchors."""
         self.kv_valid = torch.cat([self.kv_valid, kept], dim=1)
         self.peak_columns = max(self.peak_columns, self.kv_valid.shape[1])
-        device = self.drafter.device
-        self.drafter.append_context(self.context, self.drafter.context_features(hidden_states).to(device),
-                                    positions.to(device), kept.to(device))
+        if kept.shape[1] == 1:  # nothing to reject: every row keeps its anchor, `spare` is unchanged
+            self.num_valid = self.num_valid + 1
+        else:
+            self.num_valid = self.num_valid + kept.sum(dim=1)
+            self.spare = self.kv_valid.shape[1] - int(self.num_valid.max())
+        if self.context is not None:
+            device = self.drafter.device
+            self.drafter.append_context(self.context, self.drafter.context_features(hidden_states).to(device),
+                                        positions.to(device), kept.to(device))
         self.next_pos = self.next_pos + 1 + num_accepted
         self.anchors = next_tokens
 

@@ -177,7 +177,20 @@ def verify(
     generator: torch.Generator | None = None,
     pad_token_id: int = 0,
 ) -> VerificationResult:
-    """Greedy or rejection verification from raw target logits `[B, K + 1, V]` and processed draft logits."""
+    """Greedy or rejection verification from raw target logits `[B, K + 1, V]` and processed draft logits.
+
+    With no drafts (K = 0, a plain decoding step) this is the target's own token, argmax or one sample from its
+    processed distribution: the same token (and the same draws from `generator`) as the general rules, without
+    their work over the vocabulary."""
+    if draft_tokens.shape[1] == 0:
+        scores = target_logits[:, 0]
+        if sampling.do_sample:
+            next_tokens = torch.multinomial(torch.softmax(sampling.warp(scores), dim=-1), 1,
+                                            generator=generator).squeeze(1)
+        else:
+            next_tokens = scores.argmax(dim=-1)
+        return VerificationResult(num_accepted=torch.zeros_like(next_tokens), next_tokens=next_tokens,
+                                  tokens=next_tokens[:, None])
     if not sampling.do_sample:
         return greedy_verify(draft_tokens, target_logits, num_drafts, pad_token_id)
     target_probs = torch.softmax(sampling.warp(target_logits), dim=-1)

@@ -4,7 +4,9 @@ Reads each run folder's `training_config.json` (config, provenance, example coun
 `log_every` steps) and writes `training.md` (settings, data, and the last-50-step averages of the loss and of the
 training-batch acceptance diagnostics) and `training.png` (expected tau and accept_rate@1 against step). The
 diagnostics are computed on training batches against the target's distribution (c* = 1 - TV), so they track learning
-but are not held-out measurements; held-out tau comes from `dspark-hf compare`.
+but are not held-out measurements. Runs trained with `eval_every` also have `heldout.jsonl` (greedy speculative
+decoding of held-out prompts along the way): the report then adds a held-out table and `learning_curve.png`, held-out
+tau against training CPU hours, the runs side by side.
 """
 
 from __future__ import annotations
@@ -31,7 +33,10 @@ def read_run(folder: str | Path) -> dict:
     records = [json.loads(line) for line in log_path.read_text().splitlines() if line.strip()]
     if not records:
         raise ValueError(f"{log_path} holds no log records yet")
-    return {"config": json.loads(cfg_path.read_text()), "log": records}
+    heldout_path = folder / "heldout.jsonl"
+    heldout = ([json.loads(line) for line in heldout_path.read_text().splitlines() if line.strip()]
+               if heldout_path.exists() else [])
+    return {"config": json.loads(cfg_path.read_text()), "log": records, "heldout": heldout}
 
 
 def _tail_mean(records: list[dict], key: str, last_steps: int = 50) -> float:
@@ -73,11 +78,41 @@ def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
         table[label] = row
         lines.append(f"| {label} | {row['steps']} | {row['loss']:.3f} | {row['ce']:.3f} | {row['expected_tau']:.2f} | "
                      + " | ".join(f"{x:.2f}" for x in row["accept_rate"]) + " |")
+    with_heldout = {label: r for label, r in loaded.items() if r["heldout"]}
+    if with_heldout:
+        lines += ["", "Held-out tau along the way (greedy speculative decoding of held-out prompts, every draft "
+                  "verified; `eval_every`):", "", "| run | step | training CPU hours | held-out tau | first draft accepted |",
+                  "|---|---|---|---|---|"]
+        for label, r in with_heldout.items():
+            for rec in r["heldout"]:
+                lines.append(f"| {label} | {rec['step']} | {rec['train_seconds'] / 3600:.2f} | "
+                             f"{rec['heldout_tau']:.3f} | {rec['heldout_accept@1']:.3f} |")
+        _plot_learning_curve(with_heldout, out / "learning_curve.png")
     atomic_write_json(out / "training.json", {"runs": {label: str(f) for label, f in runs.items()}, "summary": table,
+                                              "heldout": {label: r["heldout"] for label, r in with_heldout.items()},
                                               "configs": {label: r["config"] for label, r in loaded.items()}})
     atomic_write_text(out / "training.md", "\n".join(lines) + "\n")
     _plot(loaded, out / "training.png")
     return out
+
+
+def _plot_learning_curve(loaded: dict[str, dict], path: Path) -> None:
+    """Held-out tau against training CPU hours, one line per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5.5, 3.6))
+    for label, r in loaded.items():
+        ax.plot([x["train_seconds"] / 3600 for x in r["heldout"]], [x["heldout_tau"] for x in r["heldout"]],
+                marker="o", label=label)
+    ax.set(xlabel="training CPU hours", ylabel="held-out tau (greedy)")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _plot(loaded: dict[str, dict], path: Path) -> None:

@@ -5,16 +5,28 @@ target model, plus a light sequential head and a confidence head. This file hold
 
 * backbone sizes (`hidden_size` must equal the target's, because the drafter shares the target's embedding and
   LM head at run time and stores neither),
-* `block_size`: the anchor slot plus `block_size - 1` mask slots; one forward yields `block_size` drafts,
+* `block_size`: the number of drafts one forward yields; `block_layout` says how the block input is laid out:
+  "dspark" (default): the anchor slot plus `block_size - 1` mask slots, slot k predicting anchor position + k + 1;
+  "dflash" (z-lab / transformers / SpecForge DFlash checkpoints): the anchor slot plus `block_size` mask slots, the
+  anchor slot predicting nothing and mask slot k (1..block_size) predicting anchor position + k,
+* `rope_parameters`: any RoPE transformers supports (`rope_type` "default", "linear", "llama3", "yarn", ...), built
+  with transformers' own RoPE initialisation; `rope_theta` mirrors its base,
 * `target_layer_ids`: the target decoder layers whose raw outputs (HF `hidden_states[i + 1]`) are concatenated
-  into the context features; the target's last layer is refused (HF's last hidden state is post-norm),
+  into the context features; -1 names the embedding output (`hidden_states[0]`); the target's last layer is refused
+  (HF's last hidden state is post-norm),
 * `sequential_head` in {"markov", "gated_markov", "rnn", "none"} and `markov_rank`,
 * `draft_vocab_size`: `None` (the full vocabulary) or Vd < V: the drafter proposes only Vd target ids, kept in its
   `d2t` buffer (see `DSparkDrafter.set_draft_vocab`); its LM-head rows and Markov matrices live in that vocabulary,
-* `confidence_head`, the training loss position decay `loss_decay` and the Sequential Temperature Scaling
+* `confidence_head` (reading `[h_k; W1[x_{k-1}]]`, or only h_k with `confidence_head_with_markov=False`), the
+  training loss position decay `loss_decay` and the Sequential Temperature Scaling
   temperatures `sts_temperatures` (empty until calibrated),
 * a fingerprint of the target (`target_name_or_path`, `target_vocab_size`, `target_hidden_size`,
-  `target_num_hidden_layers`, `target_model_type`) checked when the drafter is bound to a target.
+  `target_num_hidden_layers`, `target_model_type`) checked when the drafter is bound to a target,
+* which target that is, like an adapter's base model: `target_name_or_path` is the target's Hub id when it has one
+  (`org/name`, from the target config's `_name_or_path`, a Hub-cache snapshot path, or the `dspark_target.json`
+  manifest of a converted test-bed target), a local path only as a fallback; `target_revision` its Hub commit
+  (`_commit_hash`) and `target_aliases` other names that load it (the offline registry name of a test-bed target).
+  `portable_target_fields()` drops machine-specific paths before a drafter is shipped.
 
 Invalid values raise `ValueError` naming the field. This module imports nothing from `dspark_hf` so that it can be
 copied next to a checkpoint and loaded with `trust_remote_code=True`.
@@ -22,12 +34,26 @@ copied next to a checkpoint and loaded with `trust_remote_code=True`.
 
 from __future__ import annotations
 
+import json
+import os
+import re
 from typing import Any
 
 from huggingface_hub.dataclasses import strict
 from transformers import PreTrainedConfig
 
 SEQUENTIAL_HEADS = ("markov", "gated_markov", "rnn", "none")
+BLOCK_LAYOUTS = ("dspark", "dflash")
+# RoPE types whose frequencies transformers computes from the config (`ROPE_INIT_FUNCTIONS`) plus "default".
+# "dynamic" and "longrope" also change with the sequence length at run time; the drafter mirrors transformers' own
+# update rule for them (`transformers.modeling_rope_utils.dynamic_rope_update`).
+
+
+def supported_rope_types() -> tuple[str, ...]:
+    """The `rope_parameters["rope_type"]` values the drafter can build (those of the installed transformers)."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    return ("default", *sorted(ROPE_INIT_FUNCTIONS))
 
 
 @strict
@@ -40,12 +66,21 @@ class DSparkConfig(PreTrainedConfig):
         intermediate_size: width of the SwiGLU MLP of each draft layer.
         num_hidden_layers: number of draft decoder layers (paper: 5; 1-2 suffice for small targets).
         num_attention_heads / num_key_value_heads / head_dim: attention sizes of the draft layers.
-        block_size: tokens per draft block (anchor slot + `block_size - 1` mask slots); each forward
-            proposes `block_size` draft tokens.
-        target_layer_ids: target decoder layers whose outputs form the context features.
+        block_size: draft tokens one forward proposes (K).
+        block_layout: "dspark" (default): the block input is the anchor slot + `block_size - 1` mask slots and slot k
+            (0-based) predicts anchor position + k + 1. "dflash" (z-lab's layout): the block input is the anchor slot +
+            `block_size` mask slots; the anchor slot predicts nothing and mask slot k (1-based) predicts anchor
+            position + k. Either way one forward yields `block_size` drafts.
+        rope_parameters: transformers' RoPE dict (`rope_type`, `rope_theta`, and the type's own keys); `None` means
+            `{"rope_type": "default", "rope_theta": rope_theta}`. Built with `transformers.modeling_rope_utils`.
+        rope_theta: the RoPE base (10000 if neither it nor `rope_parameters` is given); kept equal to
+            `rope_parameters["rope_theta"]`, and an error if the two disagree.
+        target_layer_ids: target decoder layers whose outputs form the context features (-1: the embedding output).
         sequential_head: "markov" (default), "gated_markov", "rnn" or "none" (the DFlash baseline).
         markov_rank: rank r of the low-rank transition W1 (V x r) W2 (r x V).
         confidence_head: whether the drafter predicts per-position survival probabilities.
+        confidence_head_with_markov: whether the confidence head reads the sequential head's W1[x_{k-1}] next to h_k
+            (DeepSpec's `confidence_head_with_markov`); ignored (no such input) without a sequential head.
         loss_decay: position weight decay gamma in w_k = exp(-(k - 1) / gamma); `None` means `block_size`.
         sts_temperatures: one temperature per block position applied to the confidence logit (STS).
         mask_token_id: optional target token whose embedding fills the mask slots; `None` (default) uses a
@@ -60,6 +95,8 @@ class DSparkConfig(PreTrainedConfig):
             the extra row for a previous token outside the draft vocabulary) and W2 (r x Vd) are indexed by draft id.
             Draft distributions are zero outside the draft vocabulary, so verification stays exact. `None` = full.
         target_*: fingerprint of the target the drafter was built for.
+        converted_from: the checkpoint format the weights were converted from ("deepspec", "zlab-dflash", ...;
+            see `dspark_hf.convert`), or `None` for a drafter trained here. Provenance only.
     """
 
     model_type = "dspark"
@@ -73,25 +110,31 @@ class DSparkConfig(PreTrainedConfig):
     head_dim: int | None = None
     hidden_act: str = "silu"
     rms_norm_eps: float = 1e-6
-    rope_theta: float = 10000.0
+    rope_theta: float | None = None
+    rope_parameters: dict | None = None
     max_position_embeddings: int = 32768
     attention_bias: bool = False
     initializer_range: float = 0.02
     block_size: int = 7
+    block_layout: str = "dspark"
     target_layer_ids: list[int] | None = None
     sequential_head: str = "markov"
     markov_rank: int = 256
     confidence_head: bool = True
+    confidence_head_with_markov: bool = True
     loss_decay: float | None = None
     sts_temperatures: list[float] | None = None
     mask_token_id: int | None = None
     draft_candidates: int | None = None
     draft_vocab_size: int | None = None
     target_name_or_path: str | None = None
+    target_revision: str | None = None
+    target_aliases: list[str] | None = None
     target_vocab_size: int | None = None
     target_hidden_size: int | None = None
     target_num_hidden_layers: int | None = None
     target_model_type: str | None = None
+    converted_from: str | None = None
     tie_word_embeddings: bool = False
 
     def __post_init__(self, **kwargs: Any) -> None:
@@ -105,8 +148,39 @@ class DSparkConfig(PreTrainedConfig):
             self.sts_temperatures = []
         self.target_layer_ids = [int(i) for i in self.target_layer_ids]
         self.sts_temperatures = [float(t) for t in self.sts_temperatures]
+        self.target_aliases = [str(a) for a in (self.target_aliases or [])]
+        self._normalize_rope(kwargs)
         super().__post_init__(**kwargs)
         self.validate_dspark()
+
+    def _normalize_rope(self, kwargs: dict) -> None:
+        """`rope_parameters` is the source of truth; `rope_theta` mirrors its base. Legacy `rope_scaling` is refused
+        (give `rope_parameters`), so no RoPE setting can be dropped silently."""
+        if kwargs.get("rope_scaling") is not None:
+            raise ValueError("DSparkConfig.rope_scaling is not read: give the RoPE as rope_parameters "
+                             "(transformers' format: rope_type, rope_theta and the type's keys).")
+        kwargs.pop("rope_scaling", None)
+        params = self.rope_parameters
+        if params is None:
+            theta = 10000.0 if self.rope_theta is None else float(self.rope_theta)
+            params = {"rope_type": "default", "rope_theta": theta}
+        elif not isinstance(params, dict):
+            raise ValueError(f"DSparkConfig.rope_parameters must be a dict, got {type(params).__name__}.")
+        else:
+            params = dict(params)
+            if "type" in params and "rope_type" not in params:  # transformers' legacy spelling
+                params["rope_type"] = params.pop("type")
+            params.setdefault("rope_type", "default")
+            if "rope_theta" not in params or params["rope_theta"] is None:
+                params["rope_theta"] = 10000.0 if self.rope_theta is None else float(self.rope_theta)
+            elif self.rope_theta is not None and float(self.rope_theta) != float(params["rope_theta"]):
+                raise ValueError(
+                    f"DSparkConfig.rope_theta ({self.rope_theta}) disagrees with rope_parameters['rope_theta'] "
+                    f"({params['rope_theta']}); give one of them."
+                )
+            params["rope_theta"] = float(params["rope_theta"])
+        self.rope_parameters = params
+        self.rope_theta = float(params["rope_theta"])
 
     # ------------------------------------------------------------------ validation
     def validate_dspark(self) -> None:
@@ -142,6 +216,9 @@ class DSparkConfig(PreTrainedConfig):
             raise ValueError(f"DSparkConfig.rms_norm_eps must be > 0, got {self.rms_norm_eps}.")
         if self.rope_theta <= 0:
             raise ValueError(f"DSparkConfig.rope_theta must be > 0, got {self.rope_theta}.")
+        self._validate_rope_parameters()
+        if self.block_layout not in BLOCK_LAYOUTS:
+            raise ValueError(f"DSparkConfig.block_layout must be one of {BLOCK_LAYOUTS}, got {self.block_layout!r}.")
         if self.sts_temperatures:
             if len(self.sts_temperatures) != self.block_size:
                 raise ValueError(
@@ -166,8 +243,9 @@ class DSparkConfig(PreTrainedConfig):
             )
         if len(set(self.target_layer_ids)) != len(self.target_layer_ids):
             raise ValueError(f"DSparkConfig.target_layer_ids has duplicates: {self.target_layer_ids}.")
-        if any(i < 0 for i in self.target_layer_ids):
-            raise ValueError(f"DSparkConfig.target_layer_ids must be >= 0, got {self.target_layer_ids}.")
+        if any(i < -1 for i in self.target_layer_ids):
+            raise ValueError(f"DSparkConfig.target_layer_ids must be >= -1 (-1: the embedding output), got "
+                             f"{self.target_layer_ids}.")
         if self.target_num_hidden_layers is not None:
             bad = [i for i in self.target_layer_ids if i >= self.target_num_hidden_layers - 1]
             if bad:
@@ -187,6 +265,49 @@ class DSparkConfig(PreTrainedConfig):
                 f"DSparkConfig.vocab_size ({self.vocab_size}) must equal the target's vocab size "
                 f"({self.target_vocab_size})."
             )
+
+    def _validate_rope_parameters(self) -> None:
+        params = self.rope_parameters
+        rope_type = params.get("rope_type")
+        if any(isinstance(v, dict) for v in params.values()):
+            raise ValueError(
+                f"DSparkConfig.rope_parameters holds per-layer-type RoPE dicts ({sorted(params)}); the drafter has one "
+                "RoPE for all its layers: give a single rope_parameters dict."
+            )
+        supported = supported_rope_types()
+        if rope_type not in supported:
+            raise ValueError(
+                f"DSparkConfig.rope_parameters['rope_type'] = {rope_type!r} is not supported; the installed "
+                f"transformers builds {list(supported)}."
+            )
+        factor = params.get("partial_rotary_factor")
+        if factor is not None and float(factor) != 1.0:
+            raise ValueError(
+                f"DSparkConfig.rope_parameters['partial_rotary_factor'] = {factor} is not supported: the drafter "
+                "rotates the whole head dimension."
+            )
+
+    @property
+    def num_block_slots(self) -> int:
+        """Rows of the block input: `block_size` ("dspark" layout) or `block_size + 1` ("dflash": anchor + K masks)."""
+        return self.block_size + (1 if self.block_layout == "dflash" else 0)
+
+    @property
+    def first_draft_slot(self) -> int:
+        """Index of the block row that predicts the first draft (0 in the "dspark" layout, 1 in "dflash")."""
+        return 1 if self.block_layout == "dflash" else 0
+
+    @property
+    def target_hub_id(self) -> str | None:
+        """The target's Hub id (`org/name`) when `target_name_or_path` is one (not a local path), else `None`."""
+        name = self.target_name_or_path
+        return name if is_hub_repo_id(name) and not _looks_local(name) else None
+
+    def portable_target_fields(self) -> dict[str, Any]:
+        """`target_name_or_path` / `target_revision` / `target_aliases` as a shipped drafter should record them: a
+        Hub-cache snapshot path becomes its Hub id and commit, a converted test-bed folder its manifest's Hub id, and
+        any other local path is dropped (`None`), so no machine-specific path leaves the machine."""
+        return portable_target_reference(self.target_name_or_path, self.target_revision, self.target_aliases)
 
     @property
     def num_target_features(self) -> int:
@@ -243,6 +364,12 @@ class DSparkConfig(PreTrainedConfig):
         rope_parameters = getattr(text, "rope_parameters", None)
         if rope_theta is None and isinstance(rope_parameters, dict):
             rope_theta = rope_parameters.get("rope_theta")
+        # The target's whole RoPE (type and scaling keys) when transformers describes it as one flat dict.
+        rope = None
+        if isinstance(rope_parameters, dict) and rope_parameters and not any(
+                isinstance(v, dict) for v in rope_parameters.values()):
+            rope = {k: v for k, v in rope_parameters.items() if v is not None}
+            rope.setdefault("rope_theta", float(rope_theta or 10000.0))
         values: dict[str, Any] = dict(
             vocab_size=int(text.vocab_size),
             hidden_size=int(text.hidden_size),
@@ -251,10 +378,11 @@ class DSparkConfig(PreTrainedConfig):
             num_key_value_heads=kv_heads,
             head_dim=int(head_dim),
             rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6) or 1e-6),
-            rope_theta=float(rope_theta or 10000.0),
+            rope_theta=float(rope_theta or 10000.0) if rope is None else None,
+            rope_parameters=rope,
             max_position_embeddings=int(getattr(text, "max_position_embeddings", 32768) or 32768),
             target_layer_ids=cls.default_target_layer_ids(num_layers),
-            target_name_or_path=getattr(target_config, "_name_or_path", None) or None,
+            **target_reference(target_config),
             target_vocab_size=int(text.vocab_size),
             target_hidden_size=int(text.hidden_size),
             target_num_hidden_layers=num_layers,
@@ -263,8 +391,87 @@ class DSparkConfig(PreTrainedConfig):
             eos_token_id=getattr(text, "eos_token_id", None),
             pad_token_id=getattr(text, "pad_token_id", None),
         )
+        if "rope_theta" in overrides and "rope_parameters" not in overrides:
+            values["rope_parameters"] = None  # an explicit base replaces the target's RoPE
         values.update(overrides)
         return cls(**values)
 
 
-__all__ = ["DSparkConfig", "SEQUENTIAL_HEADS"]
+# ---------------------------------------------------------------------------------------------- target reference
+TARGET_MANIFEST = "dspark_target.json"  # written by dspark_hf.testbed.targets into a converted target folder
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,95}/[A-Za-z0-9][A-Za-z0-9_.-]{0,95}$")
+_SNAPSHOT = re.compile(r"(?:^|[\\/])models--(?P<repo>[^\\/]+)[\\/]snapshots[\\/](?P<rev>[0-9a-fA-F]{40})(?:[\\/]|$)")
+
+
+def is_hub_repo_id(name: Any) -> bool:
+    """Whether `name` has the form of a Hub model id `org/name` (no `--` or `..`, no leading path characters)."""
+    return isinstance(name, str) and bool(_HUB_ID.match(name)) and "--" not in name and ".." not in name
+
+
+def _looks_local(name: str) -> bool:
+    return os.path.isabs(name) or name.startswith(("~", ".")) or os.path.isdir(name)
+
+
+def hub_cache_snapshot(path: Any) -> tuple[str, str] | None:
+    """`(repo_id, commit)` of a path inside huggingface_hub's cache (`.../models--org--name/snapshots/<commit>/`)."""
+    match = _SNAPSHOT.search(str(path)) if path else None
+    if match is None or "--" not in match.group("repo"):
+        return None
+    org, _, name = match.group("repo").partition("--")
+    return f"{org}/{name}", match.group("rev")
+
+
+def _manifest(folder: str) -> dict:
+    try:
+        with open(os.path.join(folder, TARGET_MANIFEST)) as handle:
+            data = json.load(handle)
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def target_reference(target_config: Any) -> dict[str, Any]:
+    """`target_name_or_path`, `target_revision` and `target_aliases` for a loaded target's config.
+
+    The Hub id when the target has one: `_name_or_path` itself when it is an `org/name` id (revision: the config's
+    `_commit_hash`), the id and commit of a Hub-cache snapshot folder, or the `hub_id` of a converted test-bed folder's
+    `dspark_target.json` (its registry name becomes an alias). Otherwise the local path, as a fallback."""
+    name = getattr(target_config, "_name_or_path", None) or None
+    revision = getattr(target_config, "_commit_hash", None) or None
+    if name is None:
+        return {"target_name_or_path": None, "target_revision": None, "target_aliases": []}
+    name = os.fspath(name)
+    snapshot = hub_cache_snapshot(name)
+    if snapshot is not None:
+        return {"target_name_or_path": snapshot[0], "target_revision": snapshot[1], "target_aliases": []}
+    if os.path.isdir(name):
+        manifest = _manifest(name)
+        aliases = [str(manifest["name"])] if manifest.get("name") else []
+        if is_hub_repo_id(manifest.get("hub_id")):
+            return {"target_name_or_path": manifest["hub_id"], "target_revision": manifest.get("hub_revision"),
+                    "target_aliases": aliases}
+        return {"target_name_or_path": name, "target_revision": None, "target_aliases": aliases}
+    return {"target_name_or_path": name, "target_revision": revision if is_hub_repo_id(name) else None,
+            "target_aliases": []}
+
+
+def portable_target_reference(name: str | None, revision: str | None = None,
+                              aliases: list[str] | None = None) -> dict[str, Any]:
+    """The machine-independent form of a recorded target (see `DSparkConfig.portable_target_fields`)."""
+    aliases = list(aliases or [])
+    if not name or (is_hub_repo_id(name) and not _looks_local(name)):
+        return {"target_name_or_path": name or None, "target_revision": revision, "target_aliases": aliases}
+    snapshot = hub_cache_snapshot(name)
+    if snapshot is not None:
+        return {"target_name_or_path": snapshot[0], "target_revision": snapshot[1], "target_aliases": aliases}
+    manifest = _manifest(name) if os.path.isdir(name) else {}
+    if manifest.get("name") and manifest["name"] not in aliases:
+        aliases.append(str(manifest["name"]))
+    if is_hub_repo_id(manifest.get("hub_id")):
+        return {"target_name_or_path": manifest["hub_id"], "target_revision": manifest.get("hub_revision"),
+                "target_aliases": aliases}
+    return {"target_name_or_path": None, "target_revision": None, "target_aliases": aliases}
+
+
+__all__ = ["BLOCK_LAYOUTS", "DSparkConfig", "SEQUENTIAL_HEADS", "TARGET_MANIFEST", "hub_cache_snapshot",
+           "is_hub_repo_id", "portable_target_reference", "supported_rope_types", "target_reference"]

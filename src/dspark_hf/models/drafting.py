@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+__all__ = ["DSparkContextCache", "DraftBlock", "valid_first_order"]
+
 
 def valid_first_order(valid: torch.Tensor) -> torch.Tensor:
     """For a `[B, T]` validity mask: per row, the column order that puts valid columns first (in their order),

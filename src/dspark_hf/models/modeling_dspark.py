@@ -1,6 +1,6 @@
 """`DSparkDrafter`: the DSpark draft model as a Transformers `PreTrainedModel`.
 
-Design (paper sections 2.2, 3.1, 3.2.1; ../shared/DESIGN.md section 1):
+Design (paper sections 2.2, 3.1, 3.2.1):
 
 * **Context features.** Raw outputs of the target layers `config.target_layer_ids` (HF `hidden_states[i + 1]`) are
   concatenated `[.., m*d]` and projected by a bias-free `fc` followed by RMSNorm `hidden_norm`.
@@ -8,9 +8,15 @@ Design (paper sections 2.2, 3.1, 3.2.1; ../shared/DESIGN.md section 1):
   concatenation [context features ; block] through the layer's own k/v projections (k gets the per-head `k_norm`,
   both get RoPE at their true positions). The block attends bidirectionally to itself and to every context row
   strictly before its anchor. At inference the context keys/values live in a `DSparkContextCache`.
-* **Block layout (DSpark, not DFlash).** Input = target embedding of the anchor followed by `block_size - 1` mask
-  embeddings (a learned vector unless `config.mask_token_id` names a target token). Slot k predicts the token at
-  anchor position + k + 1, so one forward yields `block_size` drafts.
+* **Block layout.** `config.block_layout = "dspark"` (default): input = target embedding of the anchor followed by
+  `block_size - 1` mask embeddings (a learned vector unless `config.mask_token_id` names a target token); slot k
+  predicts the token at anchor position + k + 1. `"dflash"` (z-lab's / transformers' DFlash checkpoints): the anchor
+  followed by `block_size` mask embeddings; the anchor slot predicts nothing and mask slot k predicts anchor
+  position + k. Either way one forward yields `block_size` drafts (`DraftBlock` is the same), rows sit at their true
+  positions anchor + j, and the decoding loops need not know the layout.
+* **RoPE** comes from `config.rope_parameters` through transformers' own initialisation (`ROPE_INIT_FUNCTIONS`, the
+  standard formula for "default", transformers' run-time update for "dynamic" / "longrope"); frequencies stay float32
+  whatever the drafter's dtype.
 * **Shared, frozen embedding and LM head.** They are *bound* from the target at run time (`bind_target`) and are not
   submodules, so checkpoints stay small. Binding checks the target against the config's fingerprint.
 * **Sequential head** (Markov / gated Markov / RNN / none) and **confidence head** live in `sequential_heads.py`.
@@ -30,21 +36,33 @@ Imports nothing from `dspark_hf` by absolute path so `save_pretrained` can ship 
 
 from __future__ import annotations
 
+import contextlib
+import os
+import tempfile
 from dataclasses import dataclass
-from typing import Callable, Protocol, Sequence
+from typing import Any, Callable, Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from transformers import PreTrainedModel
 from transformers import initialization as init
-from transformers.utils import ModelOutput
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_update
+from transformers.utils import ModelOutput, logging
 
 from .configuration_dspark import DSparkConfig
 from .drafting import DraftBlock, DSparkContextCache
+from .release_format import dequantize_release_state, is_int8_release
 from .sequential_heads import ConfidenceHead, build_sequential_head
 
 LogitsProcessorFn = Callable[[torch.LongTensor, torch.Tensor], torch.Tensor]
+
+logger = logging.get_logger(__name__)
+
+# Readers of foreign checkpoint formats (DeepSpec, z-lab, ...), registered by `dspark_hf.convert` when it is importable.
+# Each takes a local folder and returns `(DSparkConfig, state_dict, format_name)`, or `None` for a native folder. Kept
+# as a registry so that this file imports nothing from dspark_hf (it is copied next to checkpoints).
+FOREIGN_FORMAT_READERS: list[Callable[[str], "tuple[DSparkConfig, dict, str] | None"]] = []
 
 
 class SamplingParamsLike(Protocol):
@@ -78,6 +96,57 @@ def rotary_cos_sin(
     return angles.cos().to(dtype), angles.sin().to(dtype)
 
 
+class DSparkRotaryEmbedding(nn.Module):
+    """RoPE of `config.rope_parameters`: frequencies from transformers' `ROPE_INIT_FUNCTIONS` (the standard formula for
+    "default"), attention scaling applied to cos / sin, and transformers' own run-time update for "dynamic" and
+    "longrope". The frequency buffers are not saved and stay float32 under `.to(dtype)`."""
+
+    def __init__(self, config: DSparkConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.rope_type = config.rope_parameters["rope_type"]
+        self.max_seq_len_cached = config.max_position_embeddings
+        self.original_max_seq_len = config.max_position_embeddings
+        inv_freq, self.attention_scaling = self.rope_init_fn(config)
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("original_inv_freq", inv_freq.clone(), persistent=False)
+
+    @property
+    def rope_init_fn(self) -> Callable:
+        if self.rope_type == "default":
+            return self.compute_default_rope_parameters
+        return ROPE_INIT_FUNCTIONS[self.rope_type]
+
+    @staticmethod
+    def compute_default_rope_parameters(config: DSparkConfig, device=None, seq_len=None, **kwargs) -> tuple[torch.Tensor, float]:
+        base = float(config.rope_parameters["rope_theta"])
+        dim = int(config.head_dim)
+        inv_freq = 1.0 / (base ** (torch.arange(0, dim, 2, dtype=torch.int64).to(device=device, dtype=torch.float) / dim))
+        return inv_freq, 1.0
+
+    def reset_parameters(self) -> tuple[torch.Tensor, torch.Tensor]:
+        inv_freq, self.attention_scaling = self.rope_init_fn(self.config)
+        return inv_freq, inv_freq.clone()
+
+    def _apply(self, fn, recurse=True):
+        # Device moves apply; dtype casts do not reach the frequencies (they would lose precision in bf16).
+        kept = {name: getattr(self, name) for name in ("inv_freq", "original_inv_freq")}
+        super()._apply(fn, recurse)
+        for name, value in kept.items():
+            moved = getattr(self, name)
+            if moved.is_floating_point() and moved.dtype != torch.float32:
+                source = moved if "meta" in (value.device.type, moved.device.type) else value
+                setattr(self, name, source.to(device=moved.device, dtype=torch.float32))
+        return self
+
+    @dynamic_rope_update
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """cos / sin `[B, T, head_dim]` in `x.dtype` at integer `position_ids` `[B, T]`."""
+        freqs = position_ids[..., None].float() * self.inv_freq.to(device=x.device, dtype=torch.float32)
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return (emb.cos() * self.attention_scaling).to(x.dtype), (emb.sin() * self.attention_scaling).to(x.dtype)
+
+
 def apply_rotary(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """x `[B, H, T, D]`, cos/sin `[B, T, D]`."""
     half = x.shape[-1] // 2
@@ -93,7 +162,7 @@ class DSparkAttention(nn.Module):
         self.num_heads = config.num_attention_heads
         self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.rope_theta = config.rope_theta
+        self.rotary_emb = DSparkRotaryEmbedding(config)
         bias = config.attention_bias
         self.q_proj = nn.Linear(config.hidden_size, self.num_heads * self.head_dim, bias=bias)
         self.k_proj = nn.Linear(config.hidden_size, self.num_kv_heads * self.head_dim, bias=bias)
@@ -107,7 +176,7 @@ class DSparkAttention(nn.Module):
         b, t, _ = x.shape
         k = self.k_norm(self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim)).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        cos, sin = rotary_cos_sin(positions, self.head_dim, self.rope_theta, k.dtype)
+        cos, sin = self.rotary_emb(k, positions)
         return apply_rotary(k, cos, sin), v
 
     def forward(
@@ -121,7 +190,7 @@ class DSparkAttention(nn.Module):
         """hidden `[B, Q, d]` (block rows); attention_mask `[B, Q, T_ctx + Q]` bool, True = may attend."""
         b, q_len, _ = hidden.shape
         q = self.q_norm(self.q_proj(hidden).view(b, q_len, self.num_heads, self.head_dim)).transpose(1, 2)
-        cos, sin = rotary_cos_sin(positions, self.head_dim, self.rope_theta, q.dtype)
+        cos, sin = self.rotary_emb(q, positions)
         q = apply_rotary(q, cos, sin)
         k, v = self.key_values(hidden, positions)
         if context_keys is not None and context_keys.shape[2] > 0:
@@ -200,6 +269,10 @@ class DSparkPreTrainedModel(PreTrainedModel):
             init.normal_(module.weight, mean=0.0, std=std)
         elif isinstance(module, DSparkRMSNorm):
             init.ones_(module.weight)
+        elif isinstance(module, DSparkRotaryEmbedding):
+            inv_freq, original = module.reset_parameters()
+            init.copy_(module.inv_freq, inv_freq)
+            init.copy_(module.original_inv_freq, original)
         elif isinstance(module, DSparkDrafter):
             if module.mask_embedding is not None:
                 init.normal_(module.mask_embedding, mean=0.0, std=std)
@@ -243,8 +316,9 @@ class DSparkDrafter(DSparkPreTrainedModel):
                                                  num_draft + 1 if config.reduced_vocab else None)
         self.confidence_head = None
         if config.confidence_head:
-            extra = config.markov_rank if self.markov_head is not None else 0
-            self.confidence_head = ConfidenceHead(d + extra)
+            # [h_k; W1[x_{k-1}]] by default; h_k alone without a sequential head or with confidence_head_with_markov=False
+            with_markov = self.markov_head is not None and config.confidence_head_with_markov
+            self.confidence_head = ConfidenceHead(d + (config.markov_rank if with_markov else 0), uses_features=with_markov)
         self._bound: dict[str, nn.Module] = {}
         self._draft_head_dtype: torch.dtype | None = None
         self._draft_head: tuple | None = None  # (source weight, key, W, b): the rows / dtype of the base logits
@@ -257,14 +331,26 @@ class DSparkDrafter(DSparkPreTrainedModel):
     def from_pretrained(cls, pretrained_model_name_or_path, *model_args, **kwargs) -> "DSparkDrafter":
         """`PreTrainedModel.from_pretrained`, made strict: a checkpoint that cannot be read, or whose weights do not
         cover this drafter exactly (missing, unexpected or mis-shaped tensors), raises instead of loading half-random
-        weights. Pass `target=` to bind the loaded drafter to its target (fingerprint checked)."""
+        weights. Pass `target=` to bind the loaded drafter to its target (fingerprint checked). A folder (or Hub id) in
+        the int8 release format (`dspark_hf.testbed.release`: its safetensors metadata / `.int8` keys) is dequantized
+        on load (`from_int8_release`, the same code as `load_release`)."""
         target = kwargs.pop("target", None)
         want_info = kwargs.pop("output_loading_info", False)
+        foreign = _read_foreign_format(pretrained_model_name_or_path)
+        if foreign is not None:
+            model = cls._from_converted(pretrained_model_name_or_path, *foreign, **kwargs)
+            if target is not None:
+                model.bind_target(target)
+            return (model, {"missing_keys": [], "unexpected_keys": [], "mismatched_keys": []}) if want_info else model
         _check_stored_draft_vocab(pretrained_model_name_or_path)
+        release_file = _int8_release_file(pretrained_model_name_or_path, kwargs)
         try:
-            model, info = super().from_pretrained(
-                pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
-            )
+            if release_file is not None:
+                model, info = cls.from_int8_release(pretrained_model_name_or_path, release_file, **kwargs), {}
+            else:
+                model, info = super().from_pretrained(
+                    pretrained_model_name_or_path, *model_args, output_loading_info=True, **kwargs
+                )
         except (OSError, ValueError, RuntimeError, KeyError) as err:
             raise type(err)(f"could not load a DSpark drafter from {pretrained_model_name_or_path!s}: {err}") from err
         except Exception as err:  # e.g. safetensors' own error type for a truncated file
@@ -286,6 +372,156 @@ class DSparkDrafter(DSparkPreTrainedModel):
         if target is not None:
             model.bind_target(target)
         return (model, info) if want_info else model
+
+    @classmethod
+    def from_int8_release(cls, path, weights_file=None, **kwargs) -> "DSparkDrafter":
+        """A drafter from the int8 release format (see `release_format`): strict (every tensor present and shaped
+        right), in `dtype` (default: the config's, else float32), on `device_map` when that names one device."""
+        from safetensors.torch import load_file
+
+        hub = {k: kwargs[k] for k in ("revision", "cache_dir", "local_files_only", "token", "subfolder") if k in kwargs}
+        config = kwargs.get("config")
+        try:
+            if not isinstance(config, DSparkConfig):
+                config = cls.config_class.from_pretrained(path, **hub)
+            stored = load_file(weights_file or os.path.join(os.fspath(path), hub.get("subfolder") or "",
+                                                             "model.safetensors"))
+        except Exception as err:  # safetensors raises its own error type on a truncated file
+            raise OSError(f"could not read the release drafter at {path}: {err}") from err
+        state = dequantize_release_state(stored, str(path))
+        drafter = cls(config)
+        expected = drafter.state_dict()
+        missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+        shapes = sorted(k for k in set(expected) & set(state) if expected[k].shape != state[k].shape)
+        if missing or unexpected or shapes:
+            raise ValueError(f"the release drafter at {path} does not match its config: missing {missing[:5]}, "
+                             f"unexpected {unexpected[:5]}, mis-shaped {shapes[:5]}")
+        drafter.load_state_dict({k: v.to(expected[k].dtype) for k, v in state.items()}, strict=True)
+        dtype = kwargs.get("dtype", kwargs.get("torch_dtype"))
+        if dtype is None or dtype == "auto":
+            dtype = getattr(config, "dtype", None) or torch.float32
+        if isinstance(dtype, str):
+            dtype = getattr(torch, dtype)
+        drafter = drafter.to(dtype)
+        device = kwargs.get("device_map")
+        if isinstance(device, dict):
+            devices = set(device.values())
+            if len(devices) != 1:
+                raise ValueError(f"a release drafter loads on one device, got device_map={device}")
+            device = devices.pop()
+        if device == "auto":
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        if device is not None:
+            drafter = drafter.to(device)
+        return drafter.eval()
+
+    # ------------------------------------------------------------------ saving / sharing
+    # Set by `dspark_hf.hub.card` (on `import dspark_hf`): writes README.md, the generated model card. A copy of this
+    # file loaded with trust_remote_code has none, and then saves no card.
+    _model_card_writer: Callable[..., Any] | None = None
+
+    def save_pretrained(self, save_directory, *args, model_card: bool | dict = True, **kwargs):
+        """`PreTrainedModel.save_pretrained` (config, weights without the target's embedding / head, and the
+        trust_remote_code files), plus `README.md`: the model card `dspark_hf.hub.card.write_model_card` generates
+        (settings, the target as `base_model`, usage; `model_card={...}` passes its options: metrics, calibration,
+        license, datasets, ...). `model_card=False` writes none. `push_to_hub=True` uploads that card too."""
+        push = kwargs.pop("push_to_hub", False)
+        main = args[0] if args else kwargs.get("is_main_process", True)
+        writer = type(self)._model_card_writer if model_card is not False else None
+        options = dict(model_card) if isinstance(model_card, dict) else {}
+        hub: dict[str, Any] = {}
+        if push and main:
+            from transformers.utils.hub import hf_api
+
+            hub = {k: kwargs.pop(k) for k in ("commit_message", "commit_description", "create_pr", "revision")
+                   if k in kwargs}
+            repo_id = kwargs.pop("repo_id", os.path.basename(os.path.normpath(os.fspath(save_directory))))
+            hub["repo_id"] = hf_api().create_repo(repo_id, private=kwargs.pop("private", None),
+                                                  token=kwargs.get("token"), exist_ok=True).repo_id
+            options.setdefault("repo_id", hub["repo_id"])
+        with self.portable_target() if hub else contextlib.nullcontext():
+            result = super().save_pretrained(save_directory, *args, **kwargs)
+            if main and writer is not None:
+                writer(self, save_directory, **options)
+        if hub:
+            repo_id = hub.pop("repo_id")
+            self._upload_modified_files(save_directory, repo_id, files_timestamps={}, token=kwargs.get("token"),
+                                        **{"commit_message": "Upload DSpark drafter", **hub})
+        return result
+
+    def push_to_hub(self, repo_id: str, *, model_card: bool | dict = True, commit_message: str | None = None,
+                    commit_description: str | None = None, private: bool | None = None, token: bool | str | None = None,
+                    revision: str | None = None, create_pr: bool = False, max_shard_size: int | str | None = "50GB",
+                    tags: list[str] | None = None) -> Any:
+        """Uploads the drafter with its generated model card (`README.md`, see `save_pretrained`) instead of
+        transformers' generic one, in one commit; the recorded target is made portable first (a local target path is
+        not uploaded, see `DSparkConfig.portable_target_fields`). `model_card=False`: transformers' own behaviour."""
+        if model_card is False or type(self)._model_card_writer is None:
+            return super().push_to_hub(repo_id, commit_message=commit_message, commit_description=commit_description,
+                                       private=private, token=token, revision=revision, create_pr=create_pr,
+                                       max_shard_size=max_shard_size, tags=tags)
+        from transformers.utils.hub import hf_api
+
+        repo_id = hf_api().create_repo(repo_id, private=private, token=token, exist_ok=True).repo_id
+        options = dict(model_card) if isinstance(model_card, dict) else {}
+        options.setdefault("repo_id", repo_id)
+        if tags:
+            options["tags"] = [*options.get("tags", []), *tags]
+        with tempfile.TemporaryDirectory() as tmp, self.portable_target():
+            self.save_pretrained(tmp, max_shard_size=max_shard_size, model_card=options)
+            return self._upload_modified_files(
+                tmp, repo_id, files_timestamps={}, commit_message=commit_message or "Upload DSpark drafter",
+                token=token, create_pr=create_pr, revision=revision, commit_description=commit_description)
+
+    @contextlib.contextmanager
+    def portable_target(self):
+        """Within the block, the config records its target machine-independently (`portable_target_fields`)."""
+        fields = ("target_name_or_path", "target_revision", "target_aliases")
+        saved = {name: getattr(self.config, name) for name in fields}
+        portable = self.config.portable_target_fields()
+        if saved["target_name_or_path"] and portable["target_name_or_path"] != saved["target_name_or_path"]:
+            logger.info(f"sharing the drafter with target {portable['target_name_or_path']!r} instead of the local "
+                        f"path {saved['target_name_or_path']!r} (aliases {portable['target_aliases']})")
+        try:
+            for name in fields:
+                setattr(self.config, name, portable[name])
+            yield self.config
+        finally:
+            for name, value in saved.items():
+                setattr(self.config, name, value)
+
+    @classmethod
+    def _from_converted(cls, source, config: DSparkConfig, state_dict: dict, source_format: str,
+                        **kwargs) -> "DSparkDrafter":
+        """A drafter from a foreign checkpoint converted in memory (see `dspark_hf.convert`)."""
+        dtype = kwargs.pop("dtype", None)
+        legacy = kwargs.pop("torch_dtype", None)
+        dtype = legacy if dtype is None else dtype
+        device = kwargs.pop("device_map", None)
+        for harmless in ("trust_remote_code", "local_files_only"):
+            kwargs.pop(harmless, None)
+        if kwargs:
+            raise ValueError(f"{source!s} is a {source_format} checkpoint, converted in memory; from_pretrained "
+                             f"options {sorted(kwargs)} do not apply to it (convert it once with `dspark-hf convert`)")
+        logger.warning(f"{source!s} is a {source_format} checkpoint: converted it in memory to a DSpark drafter "
+                       f"(`dspark-hf convert` writes the native folder once)")
+        model = cls(config)
+        missing, unexpected = model.load_state_dict(state_dict, strict=False)
+        if missing or unexpected:
+            raise ValueError(f"the {source_format} checkpoint at {source!s} does not match the converted drafter: "
+                             f"missing {sorted(missing)[:8]}, unexpected {sorted(unexpected)[:8]}")
+        if isinstance(dtype, str) and dtype != "auto":
+            dtype = getattr(torch, dtype)
+        if dtype == "auto":
+            dtype = next(iter(state_dict.values())).dtype if state_dict else None
+        if dtype is not None:
+            model.to(dtype=dtype)
+        if isinstance(device, (str, torch.device)) and str(device) not in ("auto",):
+            model.to(device=device)
+        elif device is not None:
+            raise ValueError(f"device_map={device!r} is not supported for a checkpoint converted in memory; give a "
+                             "device string or move the drafter with .to()")
+        return model.eval()
 
     # ------------------------------------------------------------------ target binding
     @classmethod
@@ -367,6 +603,8 @@ class DSparkDrafter(DSparkPreTrainedModel):
                 problems.append(f"{what}: drafter expects {mine}, target has {theirs}")
         if problems:
             name = cfg.target_name_or_path or "its original target"
+            if cfg.converted_from:
+                name += f" (converted from a {cfg.converted_from} checkpoint)"
             raise ValueError(
                 f"this DSpark drafter was built for {name} and does not fit the given target "
                 f"({getattr(target.config, '_name_or_path', '') or type(target).__name__}): " + "; ".join(problems)
@@ -477,15 +715,55 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return self.hidden_norm(self.fc(features.to(self.dtype)))
 
     def block_embeddings(self, anchor_ids: torch.LongTensor) -> torch.Tensor:
-        """anchor ids `[...]` -> `[..., K, d]`: anchor embedding then `block_size - 1` mask embeddings."""
-        k = self.config.block_size
+        """anchor ids `[...]` -> `[..., L, d]`: the anchor embedding then `L - 1` mask embeddings, L =
+        `config.num_block_slots` (`block_size` in the "dspark" layout, `block_size + 1` in "dflash")."""
+        rows = self.config.num_block_slots
         anchor = self.embed_tokens(anchor_ids)[..., None, :]
         if self.mask_embedding is not None:
             mask = self.mask_embedding.to(anchor.dtype)
         else:
             mask = self.embed_tokens(torch.tensor(self.config.mask_token_id, device=anchor_ids.device))
-        mask = mask.expand(*anchor.shape[:-2], k - 1, anchor.shape[-1])
+        mask = mask.expand(*anchor.shape[:-2], rows - 1, anchor.shape[-1])
         return torch.cat([anchor, mask], dim=-2)
+
+    def draft_slots(self, block_hidden: torch.Tensor) -> torch.Tensor:
+        """`[..., L, d]` states of every block row -> `[..., K, d]` those of the K rows that predict drafts (row k of
+        the result predicts anchor position + k + 1, whatever the layout)."""
+        first = self.config.first_draft_slot
+        return block_hidden[..., first:first + self.config.block_size, :]
+
+    @torch.no_grad()
+    def block_states(
+        self,
+        cache: DSparkContextCache,
+        anchor_ids: torch.LongTensor,
+        anchor_positions: torch.LongTensor | None = None,
+        anchor_embeddings: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """The parallel backbone forward of one drafting round: `[B, L, d]` final (normed) states of every block row
+        (L = `config.num_block_slots`; `draft_slots` picks the K predicting rows). Rows sit at positions anchor + j
+        and attend to each other and to every valid context row strictly before the anchor.
+
+        `anchor_embeddings` `[B, d]` replaces the anchor row's embedding (transformers' DFlash path embeds it itself).
+        """
+        if cache.valid is None:
+            raise ValueError("the drafter cache is empty: append the target's context rows before drafting")
+        if anchor_positions is None:
+            anchor_positions = cache.next_position
+        b = anchor_ids.shape[0]
+        rows = self.config.num_block_slots
+        device = anchor_ids.device
+        positions = anchor_positions[:, None] + torch.arange(rows, device=device)  # [B, L]
+        sees_ctx = cache.valid & (cache.positions < anchor_positions[:, None])  # [B, T]
+        mask = torch.cat(
+            [sees_ctx[:, None, :].expand(b, rows, -1), torch.ones(b, rows, rows, dtype=torch.bool, device=device)],
+            dim=-1,
+        )
+        block = self.block_embeddings(anchor_ids)
+        if anchor_embeddings is not None:
+            block = block.clone()
+            block[:, 0] = anchor_embeddings.to(block.dtype)
+        return self._backbone(block, positions, lambda i: (cache.keys[i], cache.values[i]), mask)
 
     def _backbone(
         self,
@@ -520,7 +798,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
             context_mask: `[B, T]` bool, False for padding.
         """
         b, a = anchor_ids.shape
-        k = self.config.block_size
+        k = self.config.num_block_slots  # block rows (the block_size drafts come from `draft_slots`)
         ctx = self.project_context(context_hidden_states)  # [B, T, d]
         t = ctx.shape[1]
         if context_position_ids is None:
@@ -539,7 +817,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         def context(idx: int) -> tuple[torch.Tensor, torch.Tensor]:
             return self.layers[idx].self_attn.key_values(ctx, context_position_ids)
 
-        hidden = self._backbone(block, positions, context, mask).reshape(b, a, k, -1)
+        hidden = self.draft_slots(self._backbone(block, positions, context, mask).reshape(b, a, k, -1))
         return DSparkOutput(hidden_states=hidden, logits=self.draft_lm_head(hidden) if return_logits else None)
 
     # ------------------------------------------------------------------ inference
@@ -594,22 +872,9 @@ class DSparkDrafter(DSparkPreTrainedModel):
             a `DraftBlock` with tokens `[B, K]` (target ids), processed logits `[B, K, V]` over the full vocabulary
             (-inf outside a reduced draft vocabulary) and confidences `[B, K]`.
         """
-        if cache.valid is None:
-            raise ValueError("the drafter cache is empty: append the target's context rows before drafting")
-        if anchor_positions is None:
-            anchor_positions = cache.next_position
-        b = anchor_ids.shape[0]
         k = self.config.block_size
         num_drafts = k if num_drafts is None else max(1, min(int(num_drafts), k))
-        positions = anchor_positions[:, None] + torch.arange(k, device=anchor_ids.device)  # [B, K]
-        sees_ctx = cache.valid & (cache.positions < anchor_positions[:, None])  # [B, T]
-        mask = torch.cat(
-            [sees_ctx[:, None, :].expand(b, k, -1), torch.ones(b, k, k, dtype=torch.bool, device=anchor_ids.device)],
-            dim=-1,
-        )
-        hidden = self._backbone(
-            self.block_embeddings(anchor_ids), positions, lambda i: (cache.keys[i], cache.values[i]), mask
-        )  # [B, K, d]
+        hidden = self.draft_slots(self.block_states(cache, anchor_ids, anchor_positions))  # [B, K, d]
         base_logits = self.draft_logits(hidden[:, :num_drafts])  # [B, K, Vd] float32
         prepared = self.prepare_candidates(base_logits, candidates)
         return self.sample_block(
@@ -732,6 +997,58 @@ class DSparkDrafter(DSparkPreTrainedModel):
         )
 
 
+def _read_foreign_format(folder) -> "tuple[DSparkConfig, dict, str] | None":
+    """`(config, state_dict, format)` when `folder` is a local checkpoint folder of a foreign format that a registered
+    reader converts (see `FOREIGN_FORMAT_READERS`); `None` for native folders and Hub ids. A foreign folder with no
+    reader registered (this file used alone, as remote code) raises a clear error instead of loading garbage."""
+    import json
+    import os
+
+    try:
+        path = os.fspath(folder)
+    except TypeError:
+        return None
+    config_path = os.path.join(path, "config.json")
+    if not os.path.isfile(config_path):
+        return None
+    for reader in FOREIGN_FORMAT_READERS:
+        converted = reader(path)
+        if converted is not None:
+            return converted
+    try:
+        model_type = json.loads(open(config_path).read()).get("model_type")
+    except (OSError, ValueError):
+        return None
+    if model_type not in (None, DSparkConfig.model_type):
+        raise ValueError(f"{path} is not a DSpark drafter (config.json model_type={model_type!r}); convert it with "
+                         f"`dspark-hf convert {path} OUT` (or import dspark_hf, which converts it on loading)")
+    return None
+
+
+def _int8_release_file(name, kwargs: dict) -> str | None:
+    """The local `model.safetensors` of `name` (a folder, or a Hub id resolved through the HF cache / Hub as
+    `from_pretrained` does) when it is in the int8 release format; else `None` (the regular loading path)."""
+    try:
+        path = os.fspath(name)
+    except TypeError:
+        return None
+    subfolder = kwargs.get("subfolder") or ""
+    if os.path.isdir(path):
+        weights = os.path.join(path, subfolder, "model.safetensors")
+        return weights if os.path.isfile(weights) and is_int8_release(weights) else None
+    try:
+        from transformers.utils import cached_file
+
+        weights = cached_file(path, "model.safetensors", subfolder=subfolder, revision=kwargs.get("revision"),
+                              cache_dir=kwargs.get("cache_dir"), token=kwargs.get("token"),
+                              local_files_only=kwargs.get("local_files_only", False),
+                              _raise_exceptions_for_missing_entries=False,
+                              _raise_exceptions_for_connection_errors=False)
+    except Exception:  # not resolvable: the regular loading path reports it
+        return None
+    return weights if weights and is_int8_release(weights) else None
+
+
 def _check_stored_draft_vocab(folder) -> None:
     """For a local checkpoint folder: a clear error when its stored `d2t` does not fit its `draft_vocab_size` (before
     transformers' generic size-mismatch error). Other sources are left to the regular loading checks."""
@@ -786,4 +1103,5 @@ def validate_draft_vocab(d2t: torch.Tensor, draft_vocab_size: int | None, vocab_
 DSparkConfig.register_for_auto_class()
 DSparkDrafter.register_for_auto_class("AutoModel")
 
-__all__ = ["DSparkDrafter", "DSparkPreTrainedModel", "DSparkOutput", "validate_draft_vocab"]
+__all__ = ["DSparkDrafter", "DSparkPreTrainedModel", "DSparkOutput", "DSparkRotaryEmbedding", "FOREIGN_FORMAT_READERS",
+           "validate_draft_vocab"]

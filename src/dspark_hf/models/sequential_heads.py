@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
+__all__ = ["ConfidenceHead", "GatedMarkovHead", "MarkovHead", "RNNHead", "build_sequential_head"]
+
 
 class _LowRankBias(nn.Module):
     """Shared W2 projection of a rank-r latent to vocabulary logits."""
@@ -131,14 +133,21 @@ class RNNHead(_LowRankBias):
 
 
 class ConfidenceHead(nn.Module):
-    """c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])): survival probability of draft k given that drafts < k survived."""
+    """c_k = sigmoid(proj([h_k ; W1[x_{k-1}]])): survival probability of draft k given that drafts < k survived.
 
-    def __init__(self, input_dim: int) -> None:
+    With `uses_features=False` (no sequential head, or DeepSpec's `confidence_head_with_markov: false`) it reads h_k
+    only and ignores the `features` it is given."""
+
+    def __init__(self, input_dim: int, uses_features: bool = True) -> None:
         super().__init__()
         self.proj = nn.Linear(input_dim, 1)
+        self.uses_features = uses_features
 
     def forward(self, hidden: torch.Tensor, features: torch.Tensor | None) -> torch.Tensor:
-        x = hidden if features is None else torch.cat([hidden, features.to(hidden.dtype)], dim=-1)
+        if features is None or not self.uses_features:
+            x = hidden
+        else:
+            x = torch.cat([hidden, features.to(hidden.dtype)], dim=-1)
         return self.proj(x).squeeze(-1)  # confidence *logit*
 
 

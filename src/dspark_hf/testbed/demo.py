@@ -167,8 +167,8 @@ def main(argv: list[str] | None = None) -> list[DemoRow]:
 
     parser = argparse.ArgumentParser(prog="dspark-hf demo", description=__doc__.split("\n\n")[0])
     parser.add_argument("--target", default="smollm2-135m-instruct",
-                        help="registered target name or local folder (default: smollm2-135m-instruct)")
-    parser.add_argument("--drafter", help="drafter folder (default: the release drafter of a registered target)")
+                        help="registered target name, local folder or cached Hub id (default: smollm2-135m-instruct)")
+    parser.add_argument("--drafter", help="drafter folder or Hub id (default: the release drafter of a registered target)")
     parser.add_argument("--toy", action="store_true", help="random toy target + untrained drafter (no download)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--prompt", action="append", help="prompt text (repeatable)")

@@ -26,6 +26,10 @@ Design choices:
 - Cache location: `cache_dir` argument, else `$DSPARK_HF_CACHE/targets`, else `$XDG_CACHE_HOME/dspark_hf/targets`
   (default `~/.cache/dspark_hf/targets`). Nothing here touches the environment.
 - `gguf` (extra `quant`) is imported lazily, only when a conversion is needed; loading a cached folder needs none.
+- Each spec names the Hub id of the model it converts (`hub_id`); the manifest records it, so a drafter built on a
+  converted folder records that Hub id as its target (with the registry name as an alias), not the cache path.
+- `load_target` also takes a Hub id (`org/name`): it is loaded from the local Hugging Face cache
+  (`dspark_hf.hub.pair.resolve_pretrained`, never contacting the Hub), with an error naming the repo when not cached.
 
 Limits: two processes fetching the same target at once both download and convert (no lock file); the second to
 finish discards its copy. The cache stores float32 weights (4 bytes per parameter), whatever `dtype` is loaded.
@@ -72,6 +76,7 @@ __all__ = [
     "is_complete",
     "list_targets",
     "load_target",
+    "registry_reference",
 ]
 
 logger = logging.get_logger(__name__)
@@ -121,6 +126,7 @@ class TargetSpec:
     gguf_file: str
     sha256: str | None
     size_bytes: int | None = None
+    hub_id: str | None = None  # the Hugging Face Hub model this GGUF was made from
 
     @property
     def requirements(self) -> list[str]:
@@ -141,6 +147,7 @@ TARGETS: Mapping[str, TargetSpec] = MappingProxyType({spec.name: spec for spec i
         gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf",
         sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
         size_bytes=98_362_432,
+        hub_id="HuggingFaceTB/SmolLM2-135M-Instruct",
     ),
     TargetSpec(
         name="qwen2.5-coder-0.5b-instruct",
@@ -150,6 +157,7 @@ TARGETS: Mapping[str, TargetSpec] = MappingProxyType({spec.name: spec for spec i
         gguf_file="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
         sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
         size_bytes=491_400_064,
+        hub_id="Qwen/Qwen2.5-Coder-0.5B-Instruct",
     ),
     TargetSpec(
         name="qwen2.5-coder-1.5b-instruct",
@@ -159,6 +167,7 @@ TARGETS: Mapping[str, TargetSpec] = MappingProxyType({spec.name: spec for spec i
         gguf_file="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
         sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
         size_bytes=1_117_320_768,
+        hub_id="Qwen/Qwen2.5-Coder-1.5B-Instruct",
     ),
 )})
 
@@ -379,6 +388,7 @@ def fetch_target(name: str | TargetSpec, cache_dir: str | os.PathLike | None = N
             gguf_version = None
         atomic_write_json(stage / MANIFEST_NAME, {  # written last: its presence marks the folder finished
             "name": spec.name,
+            "hub_id": spec.hub_id,
             "description": spec.description,
             "license": spec.license,
             "packages": spec.requirements,
@@ -402,22 +412,59 @@ def fetch_target(name: str | TargetSpec, cache_dir: str | os.PathLike | None = N
     return final
 
 
-def load_target(name_or_path: str | os.PathLike, dtype: torch.dtype = torch.float32, *,
-                cache_dir: str | os.PathLike | None = None) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
-    """`(model, tokenizer)` for a registered target name (fetched on first use) or a local HF folder.
+def registry_reference(name_or_path: str | os.PathLike | None) -> dict | None:
+    """`{"target_name_or_path": hub_id, "target_revision": None, "target_aliases": [name]}` when `name_or_path` is a
+    registered target name or a folder named like one (its cache folder, on any machine); else `None`."""
+    if not name_or_path:
+        return None
+    name = str(name_or_path)
+    name = name if name in TARGETS else Path(name).name
+    spec = TARGETS.get(name)
+    if spec is None or not spec.hub_id:
+        return None
+    return {"target_name_or_path": spec.hub_id, "target_revision": None, "target_aliases": [spec.name]}
 
-    A registered name wins over a same-named relative folder. Loading never contacts the Hub
-    (`local_files_only=True`). The model is returned in eval mode, on the CPU, in `dtype`.
+
+def _record_hub_id(folder: Path, spec: TargetSpec) -> None:
+    """Adds `hub_id` to the manifest of a folder converted before manifests carried it (atomic rewrite)."""
+    try:
+        manifest = json.loads((folder / MANIFEST_NAME).read_text())
+        if spec.hub_id and isinstance(manifest, dict) and manifest.get("hub_id") != spec.hub_id:
+            atomic_write_json(folder / MANIFEST_NAME, {**manifest, "hub_id": spec.hub_id})
+    except (OSError, ValueError) as err:  # a read-only cache still loads; drafters then record the folder
+        logger.info(f"could not record the Hub id in {folder / MANIFEST_NAME}: {err}")
+
+
+def load_target(name_or_path: str | os.PathLike, dtype: torch.dtype | str | None = torch.float32, *,
+                cache_dir: str | os.PathLike | None = None, revision: str | None = None,
+                **model_kwargs) -> tuple[PreTrainedModel, PreTrainedTokenizerBase]:
+    """`(model, tokenizer)` for a registered target name (fetched on first use), a local HF folder, or a Hub id
+    (`org/name`, `revision` optional) found in the local Hugging Face cache.
+
+    A registered name wins over a same-named relative folder, and a folder over a Hub id. Loading never contacts the
+    Hub (`local_files_only=True`); a Hub id that is not cached raises `OSError` naming the repo. The model is returned
+    in eval mode, in `dtype` (on the CPU unless `model_kwargs` say otherwise, e.g. `device_map`).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    hub_id = None
     if isinstance(name_or_path, str) and name_or_path in TARGETS:
         folder = fetch_target(name_or_path, cache_dir=cache_dir)
+        _record_hub_id(folder, TARGETS[name_or_path])
     else:
         folder = Path(name_or_path).expanduser()
         if not folder.is_dir():
-            raise ValueError(f"{str(name_or_path)!r} is neither a known target ({', '.join(list_targets())}) "
-                             "nor an existing folder")
+            from ..hub.pair import is_hub_repo_id, resolve_pretrained
+
+            if not is_hub_repo_id(str(name_or_path)):
+                raise ValueError(f"{str(name_or_path)!r} is neither a known target ({', '.join(list_targets())}), "
+                                 "an existing folder, nor a Hub id (org/name)")
+            hub_id = str(name_or_path)
+            folder = Path(resolve_pretrained(hub_id, revision=revision, local_files_only=True, what="target"))
     tokenizer = AutoTokenizer.from_pretrained(folder, local_files_only=True)
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True)
+    model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, local_files_only=True, **model_kwargs)
+    if hub_id is not None:
+        from ..hub.pair import record_hub_origin
+
+        record_hub_origin(model, tokenizer, hub_id, folder)
     return model.eval(), tokenizer

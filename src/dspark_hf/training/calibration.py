@@ -366,7 +366,7 @@ def split_fit_measure(n: int, fit_fraction: float = 0.5, seed: int = 0) -> tuple
     return sorted(order[:n_fit]), sorted(order[n_fit:])
 
 
-def save_pretrained_in_place(model, folder: str | Path) -> Path:
+def save_pretrained_in_place(model, folder: str | Path, **save_kwargs) -> Path:
     """`model.save_pretrained(folder)` without ever leaving a half-written file in `folder`.
 
     Everything is first written into a temporary sibling folder `.<name>.calibrating` (same file system); only when
@@ -379,7 +379,7 @@ def save_pretrained_in_place(model, folder: str | Path) -> Path:
     tmp = folder.parent / f".{folder.name}.calibrating"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, **save_kwargs)
         for item in sorted(tmp.iterdir()):  # replace the model's files, keep anything else in the folder
             os.replace(item, folder / item.name)
     finally:
@@ -449,5 +449,6 @@ def calibrate_drafter(
     out_path = Path(out if out is not None else drafter_path)
     report = calibrate(drafter, data, report_dir if report_dir is not None else out_path / "calibration",
                        heldout=heldout)
-    save_pretrained_in_place(drafter, out_path)
+    # the model card (README.md) reports this calibration (dspark_hf.hub.card reads the report's keys)
+    save_pretrained_in_place(drafter, out_path, model_card={"calibration": report})
     return report

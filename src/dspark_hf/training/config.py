@@ -10,9 +10,10 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["VARIANTS", "DSparkTrainingConfig", "load_training_config"]
+__all__ = ["LR_SCHEDULES", "VARIANTS", "DSparkTrainingConfig", "load_training_config"]
 
 VARIANTS = ("dspark", "dflash")
+LR_SCHEDULES = ("cosine", "wsd", "constant")
 
 
 @dataclass
@@ -25,6 +26,7 @@ class DSparkTrainingConfig:
     feature_cache_dtype: str = field(default="bfloat16", metadata={"help": "storage dtype of the feature cache: 'bfloat16' (half the disk and memory) or 'float32'"})
     variant: str = field(default="dspark", metadata={"help": "'dspark' (sequential + confidence heads, CE+TV+conf loss) or 'dflash' (no heads, CE only)"})
     init_from: str | None = field(default=None, metadata={"help": "start from this drafter folder instead of a random init"})
+    init_layers_from_target: list[int] | None = field(default=None, metadata={"help": "initialise draft layer i from the target's decoder layer ids[i] (negative ids count from the end): attention, MLP and norms are copied where the shapes match"})
     # ---- drafter architecture
     block_size: int = field(default=7, metadata={"help": "tokens per draft block"})
     num_hidden_layers: int = field(default=1, metadata={"help": "draft decoder layers"})
@@ -42,7 +44,10 @@ class DSparkTrainingConfig:
     # ---- optimisation
     learning_rate: float = field(default=6e-4, metadata={"help": "peak learning rate (AdamW)"})
     weight_decay: float = field(default=0.0, metadata={"help": "AdamW weight decay"})
-    warmup_steps: int = field(default=50, metadata={"help": "linear warmup steps, then cosine decay to 0"})
+    warmup_steps: int = field(default=50, metadata={"help": "linear warmup steps, then the lr_schedule"})
+    lr_schedule: str = field(default="cosine", metadata={"help": "'cosine' (decay to 0 over max_steps), 'wsd' (warmup-stable-decay: peak until the last decay_fraction of max_steps, then linear to min_lr_ratio; raising max_steps on resume extends the stable phase, so a long run can grow session by session) or 'constant'"})
+    decay_fraction: float = field(default=0.2, metadata={"help": "wsd: share of max_steps spent decaying"})
+    min_lr_ratio: float = field(default=0.0, metadata={"help": "wsd: final learning rate as a fraction of the peak"})
     max_steps: int = field(default=1000, metadata={"help": "optimizer steps"})
     batch_size: int = field(default=4, metadata={"help": "sequences per micro-batch (per process)"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
@@ -57,6 +62,10 @@ class DSparkTrainingConfig:
     keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
     log_every: int = field(default=10, metadata={"help": "log every N optimizer steps"})
     resume: bool = field(default=True, metadata={"help": "resume from the latest checkpoint in output_dir if there is one"})
+    eval_every: int = field(default=0, metadata={"help": "every N optimizer steps (and at the end), measure held-out tau: greedy speculative decoding (policy fixed) of held-out prompts, written to output_dir/heldout.jsonl; 0 = off"})
+    eval_prompts: str | None = field(default=None, metadata={"help": "JSONL of held-out prompts for eval_every (chat messages, e.g. data/heldout_prompts.jsonl); default: the prompts of the held-out split of data_dir"})
+    eval_num_prompts: int = field(default=8, metadata={"help": "held-out prompts per evaluation"})
+    eval_max_new_tokens: int = field(default=64, metadata={"help": "tokens generated per held-out prompt"})
 
     def __post_init__(self) -> None:
         if self.variant not in VARIANTS:
@@ -71,6 +80,18 @@ class DSparkTrainingConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.draft_vocab_size is not None and self.draft_vocab_size < 1:
             raise ValueError(f"draft_vocab_size must be >= 1 or None, got {self.draft_vocab_size}")
+        if self.lr_schedule not in LR_SCHEDULES:
+            raise ValueError(f"lr_schedule must be one of {LR_SCHEDULES}, got {self.lr_schedule!r}")
+        if not 0.0 < self.decay_fraction <= 1.0:
+            raise ValueError(f"decay_fraction must be in (0, 1], got {self.decay_fraction}")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        for name in ("eval_every",):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        for name in ("eval_num_prompts", "eval_max_new_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
         if self.variant == "dflash":  # the baseline: same backbone, no heads, CE only

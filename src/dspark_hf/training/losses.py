@@ -1,4 +1,4 @@
-"""DSpark training losses (paper 3.3; ../shared/DESIGN.md section 2): pure tensor functions.
+"""DSpark training losses (paper section 3.3): pure tensor functions.
 
 For N supervised blocks of K slots, with position weights w_k = exp(-(k - 1) / gamma) (k = 1..K):
 
@@ -30,6 +30,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+
+__all__ = ["LossOutput", "LossWeights", "dspark_loss", "position_weights"]
 
 
 @dataclass

@@ -30,6 +30,7 @@ import json
 import math
 import random
 import shutil
+import time
 import zlib
 from dataclasses import asdict
 from pathlib import Path
@@ -46,7 +47,8 @@ from ..models.modeling_dspark import DSparkDrafter
 from ..provenance import atomic_write_json, provenance
 from .config import DSparkTrainingConfig
 
-__all__ = ["DSparkTrainer", "build_drafter", "is_heldout", "split_examples", "train_from_config",
+__all__ = ["DSparkTrainer", "build_drafter", "build_lr_scheduler", "heldout_prompt_ids", "heldout_tau",
+           "init_layers_from_target", "is_heldout", "split_examples", "train_from_config",
            "trainer_from_config", "read_trainer_state", "write_trainer_state", "STATE_FORMAT", "STATE_VERSION"]
 
 logger = logging.get_logger(__name__)
@@ -256,14 +258,75 @@ def build_drafter(config: DSparkTrainingConfig, target, examples: Sequence[Token
         eos = getattr(getattr(target, "generation_config", None), "eos_token_id", None)
         draft_vocab = build_draft_vocab(examples, config.draft_vocab_size, always_include=eos, vocab_size=vocab)
     drafter = DSparkDrafter.from_target(target, draft_vocab=draft_vocab, **overrides)
+    if config.init_layers_from_target:
+        init_layers_from_target(drafter, target, config.init_layers_from_target)
     return drafter.float() if config.mixed_precision == "no" else drafter
+
+
+def init_layers_from_target(drafter: DSparkDrafter, target, layer_ids: Sequence[int]) -> dict[int, list[str]]:
+    """Copies the target's decoder layer `layer_ids[i]` into draft layer i: every parameter whose name and shape
+    match (attention projections, MLP, the two norms; Qwen3-style q/k norms when the target has them). The draft
+    layer's own extras (e.g. q/k norms a Llama target lacks) keep their initialisation. Returns, per draft layer,
+    the names copied. A target layer id out of range, or a list longer than the drafter's layers, is an error."""
+    layers = _decoder_layers(target)
+    if len(layer_ids) > len(drafter.layers):
+        raise ValueError(f"init_layers_from_target lists {len(layer_ids)} layers, the drafter has {len(drafter.layers)}")
+    copied: dict[int, list[str]] = {}
+    with torch.no_grad():
+        for i, lid in enumerate(layer_ids):
+            if not -len(layers) <= lid < len(layers):
+                raise ValueError(f"init_layers_from_target: target layer {lid} out of range (the target has "
+                                 f"{len(layers)} layers)")
+            source = dict(layers[lid].named_parameters())
+            names = []
+            for name, param in drafter.layers[i].named_parameters():
+                src = source.get(name)
+                if src is not None and src.shape == param.shape:
+                    param.copy_(src.to(param.dtype))
+                    names.append(name)
+            if not names:
+                raise ValueError(f"init_layers_from_target: no parameter of target layer {lid} fits draft layer {i}")
+            copied[i] = names
+    return copied
+
+
+def _decoder_layers(target) -> Sequence[torch.nn.Module]:
+    base = getattr(target, "base_model", target)
+    layers = getattr(base, "layers", None)
+    if layers is None:
+        raise ValueError(f"{type(target).__name__} exposes no decoder layers (base_model.layers)")
+    return layers
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: DSparkTrainingConfig):
+    """Linear warmup over `warmup_steps`, then `config.lr_schedule`: "cosine" (transformers' cosine decay to 0 at
+    `max_steps`), "wsd" (constant peak, then a linear decay over the last `decay_fraction` of `max_steps` down to
+    `min_lr_ratio`) or "constant". The multiplier depends on the step and the config only, so a resumed run with a
+    larger `max_steps` continues a wsd schedule in its stable phase."""
+    if config.lr_schedule == "cosine":
+        from transformers import get_cosine_schedule_with_warmup
+
+        return get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, config.max_steps)
+    warmup, total = config.warmup_steps, config.max_steps
+    decay_start = total - max(1, round(config.decay_fraction * total))
+
+    def multiplier(step: int) -> float:
+        if step < warmup:
+            return step / max(1, warmup)
+        if config.lr_schedule == "constant" or step < decay_start:
+            return 1.0
+        progress = min(1.0, (step - decay_start) / max(1, total - decay_start))
+        return 1.0 - (1.0 - config.min_lr_ratio) * progress
+
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
 
 
 class DSparkTrainer:
     """Trains `drafter` on `examples` against `target` (see module docstring)."""
 
     def __init__(self, config: DSparkTrainingConfig, target, examples: Sequence[TokenizedExample],
-                 drafter: DSparkDrafter | None = None, accelerator=None, progress: bool = True) -> None:
+                 drafter: DSparkDrafter | None = None, accelerator=None, progress: bool = True,
+                 eval_prompt_ids: Sequence[Sequence[int]] | None = None) -> None:
         from accelerate import Accelerator
 
         self.config = config
@@ -293,14 +356,15 @@ class DSparkTrainer:
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay,
                                            betas=(0.9, 0.95))
-        from transformers import get_cosine_schedule_with_warmup
-
-        self.scheduler = get_cosine_schedule_with_warmup(self.optimizer, config.warmup_steps, config.max_steps)
+        self.scheduler = build_lr_scheduler(self.optimizer, config)
         # The scheduler is stepped here once per optimizer step, not through accelerate: its prepared scheduler steps
         # `num_processes` times per optimizer step (it assumes a dataloader that shrinks with the world size), which
         # would run the schedule N times too fast on N processes since `max_steps` counts optimizer steps.
         self.model, self.optimizer = self.accelerator.prepare(self.drafter, self.optimizer)
         self.step = 0
+        self.train_seconds = 0.0  # optimizer-step wall time over all sessions (restored on resume; eval excluded)
+        self.eval_prompt_ids = ([list(p) for p in eval_prompt_ids] if eval_prompt_ids is not None
+                                else heldout_prompt_ids(self.heldout, config.eval_num_prompts))
 
     # ------------------------------------------------------------------ data
     def micro_batch(self, index: int) -> list[TokenizedExample]:
@@ -389,10 +453,11 @@ class DSparkTrainer:
         tmp = self.output_dir / f".tmp-checkpoint-{self.step:06d}"
         shutil.rmtree(tmp, ignore_errors=True)
         drafter = self.accelerator.unwrap_model(self.model)
-        drafter.save_pretrained(tmp)
+        drafter.save_pretrained(tmp, model_card=False)  # a resumable checkpoint: the final drafter gets the card
         write_trainer_state(tmp, {
             "step": self.step, "num_processes": self.accelerator.num_processes, "config": asdict(self.config),
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "rng": list(rng),
+            "train_seconds": self.train_seconds,
         })
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -447,6 +512,7 @@ class DSparkTrainer:
             except (KeyError, TypeError, ValueError, RuntimeError) as err:
                 raise ValueError(f"{path / STATE_JSON}: the RNG state of process {rank} is malformed: {err}") from err
         self.step = state["step"]
+        self.train_seconds = float(state.get("train_seconds", 0.0))
         logger.info(f"resumed from {path} at step {self.step}")
 
     # ------------------------------------------------------------------ loop
@@ -468,6 +534,7 @@ class DSparkTrainer:
         self.model.train()
         log_path = self.output_dir / "log.jsonl"
         while self.step < cfg.max_steps:
+            step_start = time.perf_counter()
             for micro in range(cfg.gradient_accumulation_steps):
                 index = self.step * cfg.gradient_accumulation_steps + micro
                 with self.accelerator.accumulate(self.model), self.accelerator.autocast():
@@ -480,11 +547,13 @@ class DSparkTrainer:
                         self.scheduler.step()
                     self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
+            self.train_seconds += time.perf_counter() - step_start
             metrics = self.reduced_metrics(out)  # every process takes part, so all of them stop together on NaN
             if not math.isfinite(metrics["loss"]):
                 raise FloatingPointError(f"loss became {metrics['loss']} at step {self.step}; lower the learning rate")
             if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
-                record = {"step": self.step, "lr": self.scheduler.get_last_lr()[0], **metrics}
+                record = {"step": self.step, "lr": self.scheduler.get_last_lr()[0], "train_seconds": self.train_seconds,
+                          **metrics}
                 if self.accelerator.is_main_process:
                     with open(log_path, "a") as handle:
                         handle.write(json.dumps(record) + "\n")
@@ -492,6 +561,8 @@ class DSparkTrainer:
                     bar.set_postfix(loss=f"{record['loss']:.3f}", tau=f"{record['expected_tau']:.2f}")
             if bar is not None:
                 bar.update(1)
+            if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.max_steps):
+                self.evaluate_heldout()
             if self.step % cfg.save_every == 0 or self.step == cfg.max_steps:
                 self.accelerator.wait_for_everyone()
                 self.save_checkpoint()
@@ -507,6 +578,24 @@ class DSparkTrainer:
         self.accelerator.wait_for_everyone()  # `final` exists for every process once train() returns
         return final
 
+    def evaluate_heldout(self) -> dict[str, float] | None:
+        """Held-out tau now (`heldout_tau` on `eval_prompt_ids`), appended to `output_dir/heldout.jsonl` with the
+        step and the training seconds so far. Main process only; the others wait."""
+        result = None
+        if self.accelerator.is_main_process and self.eval_prompt_ids:
+            drafter = self.accelerator.unwrap_model(self.model)
+            was_training = drafter.training
+            drafter.eval()
+            with self.accelerator.autocast():
+                result = heldout_tau(self.target, drafter, self.eval_prompt_ids, self.config.eval_max_new_tokens)
+            drafter.train(was_training)
+            result = {"step": self.step, "train_seconds": self.train_seconds, **result}
+            with open(self.output_dir / "heldout.jsonl", "a") as handle:
+                handle.write(json.dumps(result) + "\n")
+            logger.info(f"step {self.step}: held-out tau {result['heldout_tau']:.3f}")
+        self.accelerator.wait_for_everyone()
+        return result
+
     def reduced_metrics(self, out: LossOutput) -> dict[str, float]:
         """`out.as_dict()` averaged over the processes (`supervised_slots` summed); with one process, unchanged."""
         local = out.as_dict()
@@ -519,15 +608,62 @@ class DSparkTrainer:
         return {k: (int(v) if k == "supervised_slots" else v / world) for k, v in zip(keys, total)}
 
 
+def heldout_prompt_ids(examples: Sequence[TokenizedExample], count: int) -> list[list[int]]:
+    """The prompt part (tokens before the first answer token) of the first `count` examples: held-out prompts in
+    the training data's own chat template."""
+    out = []
+    for ex in examples[:count]:
+        start = ex.loss_mask.index(1) if 1 in ex.loss_mask else len(ex.loss_mask)
+        if start > 0:
+            out.append(list(ex.input_ids[:start]))
+    return out
+
+
+@torch.no_grad()
+def heldout_tau(target, drafter: DSparkDrafter, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int,
+                batch_size: int = 8) -> dict[str, float]:
+    """Greedy speculative decoding of `prompt_ids` (batches of `batch_size`, left-padded, every draft verified:
+    policy "fixed", no EOS stop so every row contributes `max_new_tokens`): tau = tokens emitted per round (bonus
+    included) over all rows, and the share of rounds verifying a draft that accepted the first one."""
+    from ..decoding.batched import generate
+
+    pad = target.generation_config.pad_token_id
+    pad = 0 if pad is None else int(pad if isinstance(pad, int) else pad[0])
+    emitted = rounds = first = verified = 0
+    for start in range(0, len(prompt_ids), batch_size):
+        rows = [list(p) for p in prompt_ids[start: start + batch_size]]
+        width = max(map(len, rows))
+        device = target.device
+        ids = torch.tensor([[pad] * (width - len(r)) + r for r in rows], device=device)
+        mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=device)
+        out = generate(target, drafter, ids, mask, max_new_tokens=max_new_tokens, policy="fixed", eos_token_id=[],
+                       pad_token_id=pad, return_dict_in_generate=True)
+        for stats in out.stats:
+            emitted += sum(stats.accepted_lengths)
+            rounds += len(stats.accepted_lengths)
+            # rounds cut to no draft by max_new_tokens verified nothing: not counted for the first draft's acceptance
+            first += sum(n > 1 for n, v in zip(stats.accepted_lengths, stats.verify_lengths) if v > 0)
+            verified += sum(v > 0 for v in stats.verify_lengths)
+    return {"heldout_tau": emitted / max(1, rounds), "heldout_accept@1": first / max(1, verified),
+            "heldout_prompts": len(prompt_ids), "heldout_rounds": rounds}
+
+
 def trainer_from_config(config: DSparkTrainingConfig, progress: bool = True) -> DSparkTrainer:
     """The trainer `dspark-hf train` runs: the target and the data named in `config`, a drafter initialised from
     `config.seed` (the same initial weights in every run and on every process)."""
     from ..testbed.targets import load_target
 
-    target, _ = load_target(config.target)
+    target, tokenizer = load_target(config.target)
     examples = read_examples(config.data_dir)
+    eval_ids = None
+    if config.eval_every and config.eval_prompts:
+        from .data import chat_prompt_ids
+        from .prompts import read_prompts_jsonl
+
+        prompts, _ = read_prompts_jsonl(config.eval_prompts)
+        eval_ids = [chat_prompt_ids(tokenizer, p["messages"]) for p in prompts[: config.eval_num_prompts]]
     torch.manual_seed(config.seed)
-    return DSparkTrainer(config, target, examples, progress=progress)
+    return DSparkTrainer(config, target, examples, progress=progress, eval_prompt_ids=eval_ids)
 
 
 def train_from_config(config: DSparkTrainingConfig, progress: bool = True) -> Path:

@@ -1,0 +1,249 @@
+"""What a decoding round costs outside the target's forward (issue 14, part 4), and that the cheaper rounds decode
+exactly as before: the drafting-off mode (`speculate=False`), no compaction when nothing was rejected, the K = 0
+fast path of `verify`, the tensor `RowOutputs.emit`, the block-wise stop checks of the batch-1 candidate generator,
+and a drafter context that stays complete through the idle backoff's skipped rounds."""
+
+import pytest
+import torch
+from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLengthCriteria, StoppingCriteria,
+                                                       StoppingCriteriaList)
+
+import dspark_hf
+from conftest import (StopAfterToken, batch_oracle, fixed_confidence_drafter, greedy_reference, left_pad,
+                      make_drafter, make_target)
+from dspark_hf.decoding import round_state
+from dspark_hf.decoding.candidate_generator import DSparkCandidateGenerator, _StopRules
+from dspark_hf.decoding.round_state import RowOutputs
+from dspark_hf.decoding.verification import SamplingParams, greedy_verify, rejection_verify, verify
+
+
+PROMPTS = [[5, 17, 33, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7], [9, 8, 7, 6, 5, 4]]
+
+
+def _plain_rows(target, prompts, n, **kw):
+    return [greedy_reference(target, p, n, **kw) for p in prompts]
+
+
+# ---------------------------------------------------------------------------------------------- speculate=False
+def test_drafting_off_equals_plain_greedy_and_never_touches_the_drafter(target):
+    drafter = make_drafter(target)
+    calls = []
+    for name in ("draft", "append_context", "context_features"):
+        original = getattr(drafter, name)
+        setattr(drafter, name, lambda *a, _n=name, _o=original, **k: calls.append(_n) or _o(*a, **k))
+    asked = []
+    hook = target.register_forward_pre_hook(lambda m, a, k: asked.append(k.get("output_hidden_states")),
+                                            with_kwargs=True)
+    try:
+        ids, mask = left_pad(PROMPTS)
+        out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=12, speculate=False, eos_token_id=[],
+                                 return_dict_in_generate=True)
+        none = dspark_hf.generate(target, None, ids, mask, max_new_tokens=12, speculate=False, eos_token_id=[])
+    finally:
+        hook.remove()
+    assert calls == []
+    assert asked and all(not a for a in asked)  # no hidden states asked of the target
+    width = ids.shape[1]
+    assert [out.sequences[r, width:].tolist() for r in range(len(PROMPTS))] == _plain_rows(target, PROMPTS, 12)
+    assert torch.equal(none, out.sequences)
+    assert all(s.rounds == 11 and s.verified == 0 and s.accepted_lengths == [1] * 11 for s in out.stats)
+
+
+def test_drafting_off_matches_transformers_batched_generate_with_eos():
+    target = make_target("llama")
+    ids, mask = left_pad(PROMPTS)
+    eos = int(_plain_rows(target, PROMPTS[:1], 6)[0][3])  # a token the first row emits
+    ref = target.generate(ids, attention_mask=mask, max_new_tokens=10, do_sample=False, eos_token_id=eos,
+                          pad_token_id=0)
+    out = dspark_hf.generate(target, None, ids, mask, max_new_tokens=10, speculate=False, eos_token_id=eos,
+                             pad_token_id=0)
+    assert torch.equal(out, ref[:, : out.shape[1]])
+
+
+def test_drafting_off_sampling_draws_the_targets_own_tokens_from_the_generator():
+    """One row, sampled: each token is one draw from the target's processed distribution, from `generator`, in order
+    (a step-by-step reference with its own cache and the same generator)."""
+    from transformers import DynamicCache
+
+    target = make_target("llama")
+    sampling = SamplingParams(do_sample=True, temperature=0.8, top_k=20, top_p=0.9)
+    ids = torch.tensor([PROMPTS[1]])
+    out = dspark_hf.generate(target, None, ids, max_new_tokens=10, do_sample=True, temperature=0.8, top_k=20,
+                             top_p=0.9, eos_token_id=[], speculate=False, generator=torch.Generator().manual_seed(3))
+    g, cache, seq = torch.Generator().manual_seed(3), DynamicCache(), ids
+    with torch.no_grad():
+        logits = target(input_ids=ids, cache=cache, use_cache=True).logits[:, -1]
+        for _ in range(10):
+            tok = torch.multinomial(torch.softmax(sampling.warp(logits), -1), 1, generator=g)
+            seq = torch.cat([seq, tok], dim=1)
+            logits = target(input_ids=tok, cache=cache, use_cache=True).logits[:, -1]
+    assert torch.equal(out, seq)
+
+
+def test_drafting_off_needs_no_drafter_but_drafting_does(target):
+    ids, mask = left_pad(PROMPTS)
+    with pytest.raises(ValueError, match="needs a drafter"):
+        dspark_hf.generate(target, None, ids, mask, max_new_tokens=3)
+    out = target.generate(ids, attention_mask=mask, custom_generate=dspark_hf.speculative_generate, drafter=None,
+                          speculate=False, max_new_tokens=5, do_sample=False, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(out, dspark_hf.generate(target, None, ids, mask, max_new_tokens=5, speculate=False,
+                                               eos_token_id=[]))
+
+
+# ---------------------------------------------------------------------------------------------- compaction
+def _count_compactions(monkeypatch):
+    calls = []
+    original = round_state.compact_target_cache
+    monkeypatch.setattr(round_state, "compact_target_cache", lambda *a, **k: calls.append(1) or original(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("speculate", [True, False])
+def test_no_compaction_when_nothing_is_rejected(monkeypatch, target, speculate):
+    calls = _count_compactions(monkeypatch)
+    ids, mask = left_pad(PROMPTS)
+    drafter = batch_oracle(target, PROMPTS, 24, correct=99)  # every draft accepted
+    out = dspark_hf.generate(target, drafter if speculate else None, ids, mask, max_new_tokens=24, policy="fixed",
+                             speculate=speculate, hole_budget=0, eos_token_id=[], return_dict_in_generate=True)
+    assert calls == []
+    if speculate:
+        assert all(a > 1 for s in out.stats for a in s.accepted_lengths[:-1])  # drafts were verified and kept
+    width = ids.shape[1]
+    assert [out.sequences[r, width:].tolist() for r in range(len(PROMPTS))] == _plain_rows(target, PROMPTS, 24)
+
+
+def test_rejections_still_compact_and_stay_exact(monkeypatch, target):
+    calls = _count_compactions(monkeypatch)
+    ids, mask = left_pad(PROMPTS)
+    drafter = batch_oracle(target, PROMPTS, 24, correct=1)  # one draft accepted, the rest rejected: holes
+    out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=24, policy="fixed", hole_budget=3,
+                             eos_token_id=[], return_dict_in_generate=True)
+    assert calls  # holes past the budget are compacted
+    assert out.peak_cache_columns <= ids.shape[1] + 24 + 3 + drafter.config.block_size + 1
+    width = ids.shape[1]
+    assert [out.sequences[r, width:].tolist() for r in range(len(PROMPTS))] == _plain_rows(target, PROMPTS, 24)
+
+
+# ---------------------------------------------------------------------------------------------- verify, K = 0
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(do_sample=True),
+                                      SamplingParams(do_sample=True, temperature=0.7, top_k=5, top_p=0.8)])
+def test_verify_without_drafts_is_the_general_rule(sampling):
+    logits = torch.randn(6, 1, 50, generator=torch.Generator().manual_seed(0)) * 3
+    drafts = torch.zeros(6, 0, dtype=torch.long)
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    fast = verify(drafts, logits[:, :0], logits, sampling, num_drafts=torch.zeros(6, dtype=torch.long), generator=g1)
+    if sampling.do_sample:
+        probs = torch.softmax(sampling.warp(logits), dim=-1)
+        ref = rejection_verify(drafts, probs[:, :0], probs, torch.zeros(6, dtype=torch.long), generator=g2)
+    else:
+        ref = greedy_verify(drafts, logits, torch.zeros(6, dtype=torch.long))
+    for name in ("num_accepted", "next_tokens", "tokens"):
+        assert torch.equal(getattr(fast, name), getattr(ref, name)), name
+    assert torch.equal(g1.get_state(), g2.get_state())  # the same draws from the generator
+
+
+# ---------------------------------------------------------------------------------------------- RowOutputs.emit
+def _outputs(rows=3, max_new=6, eos=(7,), criteria=None):
+    ids = torch.ones(rows, 2, dtype=torch.long)
+    return RowOutputs(ids, torch.ones_like(ids), max_new_tokens=max_new, eos_token_ids=eos,
+                      stopping_criteria=criteria, streamer=None, pad_token_id=0, started=0.0)
+
+
+def test_emit_cuts_at_eos_and_max_new_tokens_and_logs_stats():
+    out = _outputs()
+    rows = torch.tensor([0, 1, 2])
+    done = out.emit(rows, torch.tensor([[1], [2], [3]]), torch.ones(3, dtype=torch.long))
+    assert not done.any()
+    tokens = torch.tensor([[4, 7, 5, 0], [5, 6, 8, 9], [9, 9, 9, 9]])
+    done = out.emit(rows, tokens, torch.tensor([3, 4, 2]), torch.tensor([3, 3, 1]), torch.tensor([2, 3, 1]))
+    assert done.tolist() == [True, False, False]  # row 0 emitted EOS (and keeps it)
+    done = out.emit(rows[1:], torch.tensor([[1, 2, 3, 4], [5, 6, 7, 8]]), torch.tensor([4, 4]),
+                    torch.tensor([3, 3]), torch.tensor([3, 3]))
+    assert done.tolist() == [True, True]  # max_new_tokens; row 2 also reaches EOS (7) exactly at its end
+    assert out.tokens == [[1, 4, 7], [2, 5, 6, 8, 9, 1], [3, 9, 9, 5, 6, 7]]
+    assert out.num_generated.tolist() == [3, 6, 6]
+    assert out.sequences()[:, 2:].tolist() == [[1, 4, 7, 0, 0, 0], [2, 5, 6, 8, 9, 1], [3, 9, 9, 5, 6, 7]]
+    s = out.stats
+    assert [x.rounds for x in s] == [1, 2, 2]
+    assert s[1].accepted_lengths == [4, 4] and s[1].verify_lengths == [3, 3] and s[1].accepted == 6
+    assert s[2].accepted_lengths == [2, 4] and s[2].verified == 4
+
+
+def test_emit_with_stopping_criteria_checks_every_token():
+    out = _outputs(eos=(), criteria=StoppingCriteriaList([StopAfterToken(5)]))
+    rows = torch.tensor([0, 1, 2])
+    out.emit(rows, torch.tensor([[1], [2], [3]]), torch.ones(3, dtype=torch.long))
+    done = out.emit(rows, torch.tensor([[4, 5, 6], [6, 6, 6], [5, 1, 1]]), torch.tensor([3, 3, 1]),
+                    torch.tensor([2, 2, 0]), torch.tensor([2, 2, 0]))
+    assert done.tolist() == [True, False, True]
+    assert out.tokens == [[1, 4, 5], [2, 6, 6, 6], [3, 5]]
+
+
+# ---------------------------------------------------------------------------------------------- batch-1 stop checks
+class _Fires(StoppingCriteria):
+    """A user criterion: fires once the sequence holds `count` copies of `token`."""
+
+    def __init__(self, token, count):
+        self.token, self.count, self.calls = token, count, 0
+
+    def __call__(self, input_ids, scores, **kwargs):
+        self.calls += 1
+        return ((input_ids == self.token).sum(-1) >= self.count)
+
+
+def _reference_cut(criteria, input_ids, tokens, logits):
+    for j in range(tokens.shape[1]):
+        prefix = torch.cat([input_ids, tokens[:, : j + 1]], dim=-1)
+        if bool(criteria(prefix, logits[:, j]).any()):
+            return j
+    return tokens.shape[1]
+
+
+def test_block_stop_checks_equal_the_per_draft_loop(monkeypatch):
+    calls = []
+    original = EosTokenCriteria.__call__
+    monkeypatch.setattr(EosTokenCriteria, "__call__", lambda *a, **k: calls.append(1) or original(*a, **k))
+    g = torch.Generator().manual_seed(0)
+    gen = DSparkCandidateGenerator.__new__(DSparkCandidateGenerator)
+    for trial in range(200):
+        length = int(torch.randint(3, 12, (1,), generator=g))
+        input_ids = torch.randint(0, 9, (1, length), generator=g)
+        tokens = torch.randint(0, 9, (1, 6), generator=g)
+        logits = torch.randn(1, 6, 9, generator=g)
+        user = _Fires(int(torch.randint(0, 9, (1,), generator=g)), 3) if trial % 2 else None
+        criteria = StoppingCriteriaList([MaxLengthCriteria(int(torch.randint(4, 20, (1,), generator=g))),
+                                         EosTokenCriteria([int(torch.randint(0, 9, (1,), generator=g)), 11])]
+                                        + ([user] if user else []))
+        expected = _reference_cut(criteria, input_ids, tokens, logits)
+        calls.clear()
+        gen._stop = _StopRules.split(criteria)
+        assert gen._drafts_before_stop(input_ids, tokens, logits) == expected, trial
+        assert calls == []  # EOS checked for the whole block at once, never per draft
+    assert _StopRules.split(StoppingCriteriaList([MaxLengthCriteria(5)])).per_token is None
+
+
+# ---------------------------------------------------------------------------------------------- backoff context
+def test_skipped_rounds_keep_the_drafter_context_complete():
+    """The idle backoff skips the drafter for whole stretches of rounds; every probe must still find the context of
+    every verified token (positions 0 .. anchor - 1, nothing missing)."""
+    target = make_target("llama")
+    drafter = fixed_confidence_drafter(target, -30.0, block_size=4)
+    ids, mask = left_pad(PROMPTS)
+    seen = []
+    original = drafter.draft
+
+    def draft(cache, anchors, *, anchor_positions, **kw):
+        for r in range(len(anchors)):
+            valid = cache.valid[r]
+            positions = sorted(cache.positions[r][valid].tolist())
+            seen.append(positions == list(range(int(anchor_positions[r]))))
+        return original(cache, anchors, anchor_positions=anchor_positions, **kw)
+
+    drafter.draft = draft
+    out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=40, policy="scheduled",
+                             sps=lambda b: 1.0 / (0.01 * b), count_round_overhead=False, eos_token_id=[],
+                             record_rounds=True, return_dict_in_generate=True)
+    skipped = sum(r.confidence_logits is None for r in out.rounds)
+    assert skipped > 10 and len(seen) > 2 * len(PROMPTS) and all(seen)
+    width = ids.shape[1]
+    assert [out.sequences[r, width:].tolist() for r in range(len(PROMPTS))] == _plain_rows(target, PROMPTS, 40)
