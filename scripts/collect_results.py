@@ -63,6 +63,19 @@ SECTIONS = [
      "Throughput at concurrency 16 with longer outputs (128 tokens), SmolLM2-135M-Instruct, trained DSpark drafter",
      "dspark-hf bench --target smollm2-135m-instruct --drafter outputs/smollm2-135m-dspark/final "
      "--concurrency 16 --max-new-tokens 128 --repeats 2 --out results/bench_smollm2_dspark_long"),
+    ("round_overhead/batch1_after.md",
+     "Per-round cost at batch 1 (target.generate(assistant_model=drafter)) as a share of the verification forward",
+     "python scripts/bench_round_overhead.py batch1 --prompts 3 --max-new-tokens 48 --repeats 1 "
+     "--drafters release random --head fp32 --label after"),
+    ("round_overhead/batch1_options.md",
+     "Per-round cost at batch 1 with other draft LM-head paths and thread counts (release drafter)",
+     "python scripts/bench_round_overhead.py batch1 --prompts 2 --max-new-tokens 48 --repeats 1 --drafters release "
+     "--head fp32 bf16 mm mm-all int8 --threads 1 2 --label options"),
+    ("round_overhead/batched_after.md",
+     "Batched loop with drafting off (speculate=False) and with the idle backoff skipping vs transformers' plain "
+     "batched generate",
+     "python scripts/bench_round_overhead.py batched --concurrency 1 4 16 64 --max-new-tokens 32 "
+     "--max-new-tokens-64 16 --repeats 3 --methods ours skip --max-prompt-len 24 --label after"),
 ]
 
 
