@@ -20,7 +20,8 @@ A round runs from one `get_candidates` call to the next; only rounds that verify
 part's median over rounds is reported as a share of the median verification forward, with `overhead` = the median
 of (round - verify forward). `--head` adds rounds with another draft LM-head path (`bf16`: `set_draft_head_dtype`;
 `mm` / `mm-all` / `int8`: bench-only patches that try kernel paths the drafter does not have yet: `W @ h^T` instead
-of `h @ W^T` for the LM head / for every linear layer of the drafter, and fbgemm's dynamic int8 LM head), and
+of `h @ W^T` for the LM head / for every linear layer of the drafter, fbgemm's fp16-weight and dynamic int8 LM
+head), and
 `--threads 1 2` interleaves torch thread counts.
 
 `batched`: `dspark_hf.generate(..., speculate=False)` (the batched loop with no drafts) against transformers' plain
@@ -135,6 +136,19 @@ def _linears(drafter: DSparkDrafter) -> list[torch.nn.Linear]:
     return [m for m in drafter.modules() if isinstance(m, torch.nn.Linear)]
 
 
+def fp16_draft_logits(drafter: DSparkDrafter) -> Callable[[torch.Tensor], torch.Tensor]:
+    """fbgemm's fp16-weight GEMM (`linear_prepack_fp16` / `linear_dynamic_fp16`; fp32 activations and accumulation,
+    weights rounded to fp16 once): close to the fp32 logits (about 1e-3 absolute here), half the weight reads."""
+    weight, bias = drafter._head_rows(None)
+    packed = torch.ops.quantized.linear_prepack_fp16(weight.detach().float(),
+                                                     None if bias is None else bias.detach().float())
+
+    def draft_logits(hidden: torch.Tensor) -> torch.Tensor:
+        flat = hidden.reshape(-1, hidden.shape[-1]).float()
+        return torch.ops.quantized.linear_dynamic_fp16(flat, packed).reshape(*hidden.shape[:-1], weight.shape[0])
+    return draft_logits
+
+
 def set_head(drafter: DSparkDrafter, head: str) -> None:
     drafter.__dict__.pop("draft_logits", None)
     for m in _linears(drafter):
@@ -150,6 +164,8 @@ def set_head(drafter: DSparkDrafter, head: str) -> None:
             m.forward = _mm_linear(m)
     elif head == "int8":
         drafter.draft_logits = int8_draft_logits(drafter)
+    elif head == "fp16":
+        drafter.draft_logits = fp16_draft_logits(drafter)
     elif head != "fp32":
         raise ValueError(head)
 
@@ -478,7 +494,7 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-prompt-len", type=int, default=None, help="keep the last N prompt tokens")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--drafters", nargs="+", default=["release", "random"], choices=["release", "random"])
-    parser.add_argument("--head", nargs="+", default=["fp32"], choices=["fp32", "bf16", "mm", "mm-all", "int8"])
+    parser.add_argument("--head", nargs="+", default=["fp32"], choices=["fp32", "bf16", "mm", "mm-all", "fp16", "int8"])
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--methods", nargs="+", default=["ours", "skip"], choices=sorted(METHODS),
                         help="batched: ours = speculate=False; skip = scheduled policy whose idle backoff skips")

@@ -60,18 +60,8 @@ def provenance(device: torch.device | str | None = None, **extra: Any) -> dict[s
 
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
-    """Writes `text` to `path` via a temporary file and a rename, so readers never see half a file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
+    """Writes `text` (UTF-8) to `path` via a temporary file and a rename, so readers never see half a file."""
+    atomic_write_bytes(path, text.encode("utf-8"))
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
