@@ -1,7 +1,11 @@
 """Per-round cost of DSpark decoding outside the target's forward, on the real SmolLM2-135M target.
 
-    python scripts/bench_round_overhead.py batch1 --threads 1 --out results/round_overhead
-    python scripts/bench_round_overhead.py batched --threads 1 --concurrency 1 4 16 64 --out results/round_overhead
+    python scripts/bench_round_overhead.py batch1 --prompts 3 --max-new-tokens 48 --repeats 1 \
+        --drafters release random --head fp32 --label after
+    python scripts/bench_round_overhead.py batch1 --prompts 2 --max-new-tokens 48 --repeats 2 --drafters release \
+        --head fp32 mm fp16 int8 --threads 1 --label options_1thread
+    python scripts/bench_round_overhead.py batched --concurrency 1 4 16 64 --max-new-tokens 32 \
+        --max-new-tokens-64 16 --repeats 3 --methods ours skip --max-prompt-len 24 --label after
 
 `batch1`: `target.generate(ids, assistant_model=drafter, do_sample=False)` with the release drafter (and a random-init
 drafter of the same shape), instrumented with `time.perf_counter()` around every part of a round (CPU: every op is

@@ -71,6 +71,10 @@ SECTIONS = [
      "Per-round cost at batch 1 with other draft LM-head paths and thread counts (release drafter)",
      "python scripts/bench_round_overhead.py batch1 --prompts 2 --max-new-tokens 48 --repeats 1 --drafters release "
      "--head fp32 bf16 mm mm-all int8 --threads 1 2 --label options"),
+    ("round_overhead/batch1_options_1thread.md",
+     "Per-round cost at batch 1 with fbgemm's fp16 / int8 draft LM head (release drafter, 1 thread, 2 repeats)",
+     "python scripts/bench_round_overhead.py batch1 --prompts 2 --max-new-tokens 48 --repeats 2 --drafters release "
+     "--head fp32 mm fp16 int8 --threads 1 --label options_1thread"),
     ("round_overhead/batched_after.md",
      "Batched loop with drafting off (speculate=False) and with the idle backoff skipping vs transformers' plain "
      "batched generate",

@@ -15,6 +15,10 @@ One round, for all active rows at once:
    states of each row's verified tokens; finished rows (EOS, stopping criteria, `max_new_tokens`) are dropped;
    holes are compacted once they exceed `hole_budget` columns.
 
+A round that verifies no draft (the idle backoff skipped the drafter, the policy chose l_r = 0 everywhere, or
+`speculate=False`) is a plain decoding step: one token per row, `verify`'s K = 0 path, no compaction check (nothing
+was rejected). `speculate=False` also asks the target for no hidden states and keeps no drafter context.
+
 The state carried between rounds (rows and caches, outputs and statistics, round overhead, policy history, idle
 backoff) lives in `round_state`; `generate` is the round above, top to bottom.
 
