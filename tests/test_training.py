@@ -9,7 +9,8 @@ import torch
 
 import dspark_hf
 from conftest import learnable_examples, make_drafter, make_target, make_tokenizer
-from dspark_hf.training.data import GenerationRecipe, generate_responses, read_examples, sample_anchors, summarize_data
+from dspark_hf.training.data import (GenerationRecipe, TokenizedExample, _write_shard, generate_responses,
+                                     read_examples, sample_anchors, summarize_data)
 from dspark_hf.training.features import FeatureCache, OnlineFeatures, build_feature_cache
 from dspark_hf.training.losses import LossWeights, dspark_loss, position_weights
 from dspark_hf.training.trainer import DSparkTrainer, build_drafter, split_examples
@@ -114,6 +115,47 @@ def test_online_and_offline_features_give_the_same_batches(tmp_path):
         FeatureCache(tmp_path, target, [0, 1])
     with pytest.raises(ValueError, match="target"):
         FeatureCache(tmp_path, make_target("qwen3", layers=6))
+
+
+def test_read_examples_merges_folders_newest_first(tmp_path):
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.mkdir(), old.mkdir()
+    _write_shard(new / "data-00000.jsonl.gz", [TokenizedExample("a", [1, 2, 3, 4], [0, 0, 1, 1], "s"),
+                                              TokenizedExample("b", [5, 6], [0, 1], "s")])
+    _write_shard(old / "data-00000.jsonl", [TokenizedExample("a", [1, 2, 9], [0, 0, 1], "s"),
+                                            TokenizedExample("c", [7, 8], [0, 1], "s")])
+    merged = read_examples(f"{new},{old}")
+    assert [(e.id, e.input_ids) for e in merged] == [("a", [1, 2, 3, 4]), ("b", [5, 6]), ("c", [7, 8])]
+    assert [e.id for e in read_examples([old, new])] == ["a", "c", "b"]
+    assert read_examples([old, new])[0].input_ids == [1, 2, 9]
+    with pytest.raises(FileNotFoundError, match="empty"):
+        (tmp_path / "empty").mkdir()
+        read_examples([new, tmp_path / "empty"])
+
+
+def test_feature_cache_misses_an_example_whose_tokens_changed(tmp_path):
+    target = make_target("qwen3")
+    examples = learnable_examples(target, count=4)
+    layers = [1, 2]
+    build_feature_cache(target, examples, tmp_path, layers, batch_size=2, shard_examples=2, progress=False)
+    changed = TokenizedExample(examples[0].id, examples[0].input_ids[:-2] + [3, 4], examples[0].loss_mask,
+                               examples[0].source)
+    cache = FeatureCache(tmp_path, target, layers)
+    assert examples[0] in cache and changed not in cache
+    with pytest.raises(KeyError, match="tokens changed"):
+        cache([changed])
+    # the build resumes over the changed example only, and then serves its own (new) features
+    build_feature_cache(target, [changed, *examples[1:]], tmp_path, layers, batch_size=2, shard_examples=2,
+                        progress=False)
+    cache = FeatureCache(tmp_path, target, layers)
+    assert len(cache.manifest["shards"]) == 3
+    online = OnlineFeatures(target, layers)([changed])
+    assert torch.allclose(cache([changed]).context, online.context, atol=1e-6)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    del manifest["key_format"]
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ValueError, match="older format"):
+        FeatureCache(tmp_path, target, layers)
 
 
 # ---------------------------------------------------------------------------------------------- learning

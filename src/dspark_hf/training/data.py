@@ -17,7 +17,7 @@ import os
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Sequence
 
 import torch
 from transformers.utils import logging
@@ -30,6 +30,7 @@ __all__ = [
     "TokenizedExample",
     "build_training_data",
     "chat_prompt_ids",
+    "data_folders",
     "generate_responses",
     "read_examples",
     "sample_anchors",
@@ -111,17 +112,37 @@ def _write_shard(path: Path, examples: list["TokenizedExample"]) -> None:
         atomic_write_text(path, text)
 
 
-def read_examples(data_dir: str | Path) -> list[TokenizedExample]:
-    """All examples of a data folder (finished shards only)."""
-    data_dir = Path(data_dir)
-    shards = _shards(data_dir)
-    if not shards:
-        raise FileNotFoundError(f"no data shards (data-*.jsonl[.gz]) in {data_dir}; run `dspark-hf data` first")
-    out = []
-    for shard in shards:
-        for line in _read_shard(shard):
-            if line.strip():
-                out.append(TokenizedExample(**json.loads(line)))
+def data_folders(data_dir: str | Path | Sequence[str | Path]) -> list[Path]:
+    """`data_dir` as a list of folders: one folder, a sequence of folders, or a comma-separated string of them."""
+    if isinstance(data_dir, (str, Path)):
+        parts = [p.strip() for p in str(data_dir).split(",")] if isinstance(data_dir, str) else [data_dir]
+    else:
+        parts = list(data_dir)
+    folders = [Path(p) for p in parts if str(p)]
+    if not folders:
+        raise ValueError("no data folder given")
+    return folders
+
+
+def read_examples(data_dir: str | Path | Sequence[str | Path]) -> list[TokenizedExample]:
+    """All examples of one or more data folders (finished shards only).
+
+    Several folders (a sequence, or one comma-separated string such as `data/new,data/old`) are read in order; an id
+    that two folders both hold is taken from the first that has it, so list the newer answers first (e.g. 256-token
+    answers before an older 128-token run over some of the same prompts)."""
+    out: list[TokenizedExample] = []
+    seen: set[str] = set()
+    for folder in data_folders(data_dir):
+        shards = _shards(folder)
+        if not shards:
+            raise FileNotFoundError(f"no data shards (data-*.jsonl[.gz]) in {folder}; run `dspark-hf data` first")
+        for shard in shards:
+            for line in _read_shard(shard):
+                if line.strip():
+                    example = TokenizedExample(**json.loads(line))
+                    if example.id not in seen:
+                        seen.add(example.id)
+                        out.append(example)
     return out
 
 

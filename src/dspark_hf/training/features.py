@@ -7,7 +7,9 @@ distributions at the supervised positions only), for right-padded sequences.
 The offline cache is a folder of safetensors shards (`features-00000.safetensors`, tensors `<id>.context` and
 `<id>.final`) plus `manifest.json` (target fingerprint, layer ids, dtype, example ids per shard). Shards are written to
 a temporary name and renamed when complete, and the manifest is rewritten after each shard, so an interrupted build
-resumes where it stopped. A cache built for another target or other layers is refused.
+resumes where it stopped. A cache built for another target or other layers is refused. Entries are keyed by the
+example id *and* a checksum of its tokens (`feature_key`): an example whose answer changed (regenerated data under the
+same id) is a cache miss and gets new features, never the stale ones.
 """
 
 from __future__ import annotations
@@ -24,7 +26,17 @@ from .data import TokenizedExample
 from ..provenance import atomic_write_json
 from ..decoding.sps import target_fingerprint
 
-__all__ = ["FeatureBatch", "FeatureCache", "OnlineFeatures", "build_feature_cache", "pad_examples"]
+__all__ = ["FeatureBatch", "FeatureCache", "OnlineFeatures", "build_feature_cache", "feature_key", "pad_examples"]
+
+CACHE_FORMAT = "id#crc32"  # manifest "key_format": how entries are named (older caches without it are refused)
+
+
+def feature_key(example: TokenizedExample) -> str:
+    """The cache entry name of an example: its id plus a CRC-32 of its token ids (so changed tokens miss)."""
+    import zlib
+
+    crc = zlib.crc32(torch.tensor(example.input_ids, dtype=torch.int64).numpy().tobytes())
+    return f"{example.id}#{crc:08x}"
 
 
 @dataclass
@@ -89,6 +101,9 @@ class FeatureCache:
             raise FileNotFoundError(f"{cache_dir} is not a feature cache (no manifest.json); build one with "
                                     "dspark_hf.training.features.build_feature_cache")
         self.manifest = json.loads(manifest_path.read_text())
+        if self.manifest.get("key_format") != CACHE_FORMAT:
+            raise ValueError(f"{cache_dir} is a feature cache of an older format (entries keyed by id only, which "
+                             "cannot tell regenerated answers apart); rebuild it in an empty folder")
         if target is not None and self.manifest["target_fingerprint"] != target_fingerprint(target):
             raise ValueError(f"feature cache {cache_dir} was built for target {self.manifest['target_fingerprint']}, "
                              f"not {target_fingerprint(target)}")
@@ -98,25 +113,27 @@ class FeatureCache:
         self.shard_of = {ex_id: shard for shard, ids in self.manifest["shards"].items() for ex_id in ids}
         self._loaded: dict[str, dict[str, torch.Tensor]] = {}
 
-    def __contains__(self, example_id: str) -> bool:
-        return example_id in self.shard_of
+    def __contains__(self, example: TokenizedExample) -> bool:
+        return feature_key(example) in self.shard_of
 
-    def _tensors(self, example_id: str) -> tuple[torch.Tensor, torch.Tensor]:
-        shard = self.shard_of[example_id]
+    def _tensors(self, key: str) -> tuple[torch.Tensor, torch.Tensor]:
+        shard = self.shard_of[key]
         if shard not in self._loaded:
             if self.max_shards_in_memory is not None and len(self._loaded) >= self.max_shards_in_memory:
                 self._loaded.pop(next(iter(self._loaded)))
             self._loaded[shard] = load_file(self.dir / shard)
         data = self._loaded[shard]
-        return data[f"{example_id}.context"], data[f"{example_id}.final"]
+        return data[f"{key}.context"], data[f"{key}.final"]
 
     def __call__(self, examples: Sequence[TokenizedExample], max_length: int | None = None) -> FeatureBatch:
-        missing = [e.id for e in examples if e.id not in self.shard_of]
+        keys = [feature_key(e) for e in examples]
+        missing = [e.id for e, k in zip(examples, keys) if k not in self.shard_of]
         if missing:
-            raise KeyError(f"examples {missing[:5]} are not in the feature cache {self.dir}")
+            raise KeyError(f"examples {missing[:5]} are not in the feature cache {self.dir} (or their tokens changed "
+                           "since it was built); run build_feature_cache over them")
         ids, loss, attn = pad_examples(examples, max_length)
         b, t = ids.shape
-        tensors = [self._tensors(e.id) for e in examples]
+        tensors = [self._tensors(k) for k in keys]
         context = torch.zeros(b, t, tensors[0][0].shape[-1], dtype=torch.float32)
         final = torch.zeros(b, t, tensors[0][1].shape[-1], dtype=torch.float32)
         for i, (c, f) in enumerate(tensors):
@@ -135,15 +152,16 @@ def build_feature_cache(target, examples: Sequence[TokenizedExample], cache_dir:
     cache_dir.mkdir(parents=True, exist_ok=True)
     manifest_path = cache_dir / "manifest.json"
     manifest = {"target_fingerprint": target_fingerprint(target), "target_layer_ids": list(target_layer_ids),
-                "dtype": str(dtype).replace("torch.", ""), "max_length": max_length, "shards": {}}
+                "dtype": str(dtype).replace("torch.", ""), "max_length": max_length, "key_format": CACHE_FORMAT,
+                "shards": {}}
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())
-        if {k: old.get(k) for k in ("target_fingerprint", "target_layer_ids", "dtype", "max_length")} != \
-                {k: manifest[k] for k in ("target_fingerprint", "target_layer_ids", "dtype", "max_length")}:
+        settings = ("target_fingerprint", "target_layer_ids", "dtype", "max_length", "key_format")
+        if {k: old.get(k) for k in settings} != {k: manifest[k] for k in settings}:
             raise ValueError(f"{cache_dir} holds a feature cache with other settings; use an empty folder")
         manifest["shards"] = old["shards"]
     done = {i for ids in manifest["shards"].values() for i in ids}
-    todo = [e for e in examples if e.id not in done]
+    todo = [e for e in examples if feature_key(e) not in done]
     online = OnlineFeatures(target, target_layer_ids)
     bar = None
     if progress:
@@ -158,15 +176,16 @@ def build_feature_cache(target, examples: Sequence[TokenizedExample], cache_dir:
             feats = online(part, max_length)
             for i, e in enumerate(part):
                 n = int(feats.attention_mask[i].sum())
-                tensors[f"{e.id}.context"] = feats.context[i, :n].to(dtype).contiguous().cpu()
-                tensors[f"{e.id}.final"] = feats.final_hidden[i, :n].to(dtype).contiguous().cpu()
+                key = feature_key(e)
+                tensors[f"{key}.context"] = feats.context[i, :n].to(dtype).contiguous().cpu()
+                tensors[f"{key}.final"] = feats.final_hidden[i, :n].to(dtype).contiguous().cpu()
             if bar is not None:
                 bar.update(len(part))
         name = f"features-{len(manifest['shards']):05d}.safetensors"
         tmp = cache_dir / f".{name}.tmp"
         save_file(tensors, tmp)
         tmp.replace(cache_dir / name)
-        manifest["shards"][name] = [e.id for e in chunk]
+        manifest["shards"][name] = [feature_key(e) for e in chunk]
         atomic_write_json(manifest_path, manifest)
     if bar is not None:
         bar.close()
