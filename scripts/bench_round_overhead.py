@@ -3,7 +3,7 @@
     python scripts/bench_round_overhead.py batch1 --prompts 3 --max-new-tokens 48 --repeats 1 \
         --drafters release random --head fp32 --label after
     python scripts/bench_round_overhead.py batch1 --prompts 2 --max-new-tokens 48 --repeats 2 --drafters release \
-        --head fp32 mm fp16 int8 --threads 1 --label options_1thread
+        --head fp32 fp16 int8 --threads 1 --label head_dtypes
     python scripts/bench_round_overhead.py batched --concurrency 1 4 16 64 --max-new-tokens 32 \
         --max-new-tokens-64 16 --repeats 3 --methods ours skip --max-prompt-len 24 --label after
 
@@ -22,11 +22,11 @@ synchronous, so wall time per call is the part's cost):
 
 A round runs from one `get_candidates` call to the next; only rounds that verify a full block (K drafts) count. Each
 part's median over rounds is reported as a share of the median verification forward, with `overhead` = the median
-of (round - verify forward). `--head` adds rounds with another draft LM-head path (`bf16`: `set_draft_head_dtype`;
-`mm` / `mm-all` / `int8`: bench-only patches that try kernel paths the drafter does not have yet: `W @ h^T` instead
-of `h @ W^T` for the LM head / for every linear layer of the drafter, fbgemm's fp16-weight and dynamic int8 LM
-head), and
-`--threads 1 2` interleaves torch thread counts.
+of (round - verify forward). `--head fp32 bf16 fp16 int8` interleaves the drafter's LM-head dtypes
+(`DSparkDrafter.set_draft_head_dtype`: `None`, bfloat16 copy, fbgemm fp16 weights, fbgemm int8; before that option
+existed, `fp16` / `int8` were bench-only patches with the same kernels), each checked for output identical to the
+target's own greedy decoding; `mm` / `mm-all` are bench-only patches (`W @ h^T` instead of `h @ W^T` for the LM head /
+for every linear layer of the drafter). `--threads 1 2` interleaves torch thread counts.
 
 `batched`: `dspark_hf.generate(..., speculate=False)` (the batched loop with no drafts) against transformers' plain
 batched `target.generate(..., do_sample=False)`, same left-padded prompts, greedy, no EOS stop (an id outside the
@@ -51,7 +51,7 @@ import torch
 
 import dspark_hf
 from dspark_hf import DSparkDrafter
-from dspark_hf.decoding.candidate_generator import DSparkCandidateGenerator
+from dspark_hf.models.candidate_generator import DSparkCandidateGenerator
 from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenance
 
 TARGET = "smollm2-135m-instruct"
@@ -99,8 +99,14 @@ def median(xs: list[float]) -> float:
 
 
 # ---------------------------------------------------------------------------------------------- draft-head variants
+# The drafter's own option (DSparkDrafter.set_draft_head_dtype), and two bench-only GEMM layouts it does not offer.
+HEAD_DTYPES = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16, "int8": torch.int8}
+HEADS = [*HEAD_DTYPES, "mm", "mm-all"]
+
+
 def mm_draft_logits(drafter: DSparkDrafter) -> Callable[[torch.Tensor], torch.Tensor]:
-    """`W @ h^T` instead of `h @ W^T` (same fp32 math, another GEMM layout: about 2x faster on this CPU at K = 7)."""
+    """`W @ h^T` instead of `h @ W^T` (same fp32 math, another GEMM layout: about 1.5x faster on this CPU at K = 7,
+    but slower than the fp16 / int8 heads)."""
     def draft_logits(hidden: torch.Tensor) -> torch.Tensor:
         weight, bias = drafter._head_rows(None)
         flat = hidden.reshape(-1, hidden.shape[-1]).to(weight.dtype)
@@ -108,21 +114,6 @@ def mm_draft_logits(drafter: DSparkDrafter) -> Callable[[torch.Tensor], torch.Te
         if bias is not None:
             out = out + bias
         return out.reshape(*hidden.shape[:-1], weight.shape[0]).float()
-    return draft_logits
-
-
-def int8_draft_logits(drafter: DSparkDrafter) -> Callable[[torch.Tensor], torch.Tensor]:
-    """fbgemm dynamic int8 (per-row weight scales, per-tensor activation scale): approximate base logits. Still
-    lossless (verification uses the logits the drafts were drawn from); only which drafts are proposed may change."""
-    weight, bias = drafter._head_rows(None)
-    w = weight.detach().float()
-    scales = (w.abs().amax(dim=1) / 127.0).clamp_min(1e-12).double()
-    qweight = torch.quantize_per_channel(w, scales, torch.zeros(w.shape[0], dtype=torch.long), 0, torch.qint8)
-    packed = torch.ops.quantized.linear_prepack(qweight, None if bias is None else bias.float())
-
-    def draft_logits(hidden: torch.Tensor) -> torch.Tensor:
-        flat = hidden.reshape(-1, hidden.shape[-1]).float()
-        return torch.ops.quantized.linear_dynamic(flat, packed).reshape(*hidden.shape[:-1], w.shape[0])
     return draft_logits
 
 
@@ -140,38 +131,20 @@ def _linears(drafter: DSparkDrafter) -> list[torch.nn.Linear]:
     return [m for m in drafter.modules() if isinstance(m, torch.nn.Linear)]
 
 
-def fp16_draft_logits(drafter: DSparkDrafter) -> Callable[[torch.Tensor], torch.Tensor]:
-    """fbgemm's fp16-weight GEMM (`linear_prepack_fp16` / `linear_dynamic_fp16`; fp32 activations and accumulation,
-    weights rounded to fp16 once): close to the fp32 logits (about 1e-3 absolute here), half the weight reads."""
-    weight, bias = drafter._head_rows(None)
-    packed = torch.ops.quantized.linear_prepack_fp16(weight.detach().float(),
-                                                     None if bias is None else bias.detach().float())
-
-    def draft_logits(hidden: torch.Tensor) -> torch.Tensor:
-        flat = hidden.reshape(-1, hidden.shape[-1]).float()
-        return torch.ops.quantized.linear_dynamic_fp16(flat, packed).reshape(*hidden.shape[:-1], weight.shape[0])
-    return draft_logits
-
-
 def set_head(drafter: DSparkDrafter, head: str) -> None:
+    """`fp32` / `bf16` / `fp16` / `int8`: `drafter.set_draft_head_dtype`, with the kernel's rows prepared now (not in
+    a timed round). `mm`: the bench-only `W @ h^T` LM head; `mm-all`: that layout for every linear layer too."""
     drafter.__dict__.pop("draft_logits", None)
     for m in _linears(drafter):
         m.__dict__.pop("forward", None)
-    drafter.set_draft_head_dtype(None)
-    if head == "bf16":
-        drafter.set_draft_head_dtype(torch.bfloat16)
-    elif head == "mm":
+    drafter.set_draft_head_dtype(HEAD_DTYPES.get(head))
+    if HEAD_DTYPES.get(head) is not None:
+        drafter.draft_head_kernel()
+    if head in ("mm", "mm-all"):
         drafter.draft_logits = mm_draft_logits(drafter)
-    elif head == "mm-all":  # the LM head and every linear layer of the drafter (backbone, fc, heads)
-        drafter.draft_logits = mm_draft_logits(drafter)
+    if head == "mm-all":  # the LM head and every linear layer of the drafter (backbone, fc, heads)
         for m in _linears(drafter):
             m.forward = _mm_linear(m)
-    elif head == "int8":
-        drafter.draft_logits = int8_draft_logits(drafter)
-    elif head == "fp16":
-        drafter.draft_logits = fp16_draft_logits(drafter)
-    elif head != "fp32":
-        raise ValueError(head)
 
 
 # ---------------------------------------------------------------------------------------------- batch 1
@@ -498,7 +471,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--max-prompt-len", type=int, default=None, help="keep the last N prompt tokens")
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--drafters", nargs="+", default=["release", "random"], choices=["release", "random"])
-    parser.add_argument("--head", nargs="+", default=["fp32"], choices=["fp32", "bf16", "mm", "mm-all", "fp16", "int8"])
+    parser.add_argument("--head", nargs="+", default=["fp32"], choices=HEADS,
+                        help="batch1: draft LM-head paths, interleaved: fp32 bf16 fp16 int8 = the drafter's "
+                             "set_draft_head_dtype; mm, mm-all = bench-only GEMM layouts")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64])
     parser.add_argument("--methods", nargs="+", default=["ours", "skip"], choices=sorted(METHODS),
                         help="batched: ours = speculate=False; skip = scheduled policy whose idle backoff skips")

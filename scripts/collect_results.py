@@ -75,11 +75,21 @@ SECTIONS = [
      "Per-round cost at batch 1 with fbgemm's fp16 / int8 draft LM head (release drafter, 1 thread, 2 repeats)",
      "python scripts/bench_round_overhead.py batch1 --prompts 2 --max-new-tokens 48 --repeats 2 --drafters release "
      "--head fp32 mm fp16 int8 --threads 1 --label options_1thread"),
+    ("round_overhead/batch1_head_dtypes.md",
+     "Per-round cost at batch 1 with the drafter's LM-head dtypes (`set_draft_head_dtype`: None, float16, int8; "
+     "release drafter, 1 thread, 2 repeats)",
+     "python scripts/bench_round_overhead.py batch1 --prompts 2 --max-new-tokens 48 --repeats 2 --drafters release "
+     "--head fp32 fp16 int8 --threads 1 --label head_dtypes"),
     ("round_overhead/batched_after.md",
      "Batched loop with drafting off (speculate=False) and with the idle backoff skipping vs transformers' plain "
      "batched generate",
      "python scripts/bench_round_overhead.py batched --concurrency 1 4 16 64 --max-new-tokens 32 "
      "--max-new-tokens-64 16 --repeats 3 --methods ours skip --max-prompt-len 24 --label after"),
+    ("round_overhead/batched_recheck.md",
+     "Batched loop with drafting off (speculate=False) vs transformers' plain batched generate, re-checked with the "
+     "draft-head and sparse-logits changes (a heavily loaded machine)",
+     "python scripts/bench_round_overhead.py batched --concurrency 1 4 16 64 --max-new-tokens 24 "
+     "--max-new-tokens-64 12 --repeats 3 --methods ours --max-prompt-len 24 --label recheck"),
 ]
 
 

@@ -108,6 +108,18 @@ def test_load_pair_errors_name_the_missing_repo(hub_cache, tmp_path):
         load_pair("no such folder")
 
 
+@pytest.mark.parametrize("which", ["drafter", "target"])
+def test_a_corrupted_download_names_the_repo(hub_cache, which):
+    cached_pair(hub_cache)
+    repo = {"drafter": "org/tiny-drafter", "target": "org/tiny-target"}[which]
+    rev = {"drafter": REV_D, "target": REV_T}[which]
+    weights = hub_cache / f"models--{repo.replace('/', '--')}" / "snapshots" / rev / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:1000])  # a partial download
+    with pytest.raises(OSError, match=rf"'{repo}' is in the local Hugging Face cache .* corrupted or partial "
+                                      rf"download\? .*hf download {repo} --force-download"):
+        load_pair("org/tiny-drafter")
+
+
 def test_load_pair_with_a_target_passed_in_checks_its_fingerprint(hub_cache):
     target, _ = cached_pair(hub_cache)
     same, tokenizer, drafter = load_pair("org/tiny-drafter", target=target)

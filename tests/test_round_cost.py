@@ -12,7 +12,7 @@ import dspark_hf
 from conftest import (StopAfterToken, batch_oracle, fixed_confidence_drafter, greedy_reference, left_pad,
                       make_drafter, make_target)
 from dspark_hf.decoding import round_state
-from dspark_hf.decoding.candidate_generator import DSparkCandidateGenerator, _StopRules
+from dspark_hf.models.candidate_generator import DSparkCandidateGenerator, _StopRules
 from dspark_hf.decoding.round_state import RowOutputs
 from dspark_hf.decoding.verification import SamplingParams, greedy_verify, rejection_verify, verify
 

@@ -177,7 +177,7 @@ def test_stale_manifest_or_force_redoes_the_conversion(tmp_path, fake_pip, fake_
 
 def test_missing_gguf_package_is_explained(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "gguf", None)  # makes `import gguf` raise ImportError
-    with pytest.raises(ImportError, match=r"pip install 'dspark-hf\[quant\]'"):
+    with pytest.raises(ImportError, match=r"pip install 'dspark-hf\[gguf\]'"):
         targets._require_gguf()
 
 

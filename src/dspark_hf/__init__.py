@@ -12,13 +12,16 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoModel
 
-from .decoding.candidate_generator import DSparkCandidateGenerator, SpeculationStats, install_generate_hook
+from .models.candidate_generator import DSparkCandidateGenerator, SpeculationStats, install_generate_hook
 from .models.configuration_dspark import DSparkConfig
 from .models.drafting import DraftBlock, DSparkContextCache
 from .decoding.batched import DSparkGenerateOutput, RowStats, SPSCache, generate, speculative_generate
 from .training.calibration import expected_calibration_error, fit_sts
 from .decoding.scheduler import async_lengths, prefix_survival, schedule_prefix, threshold_lengths
 from .decoding.sps import SPSTable, profile_sps
+from .decoding.tree import DraftTree, TreeSpec, draft_tree
+from .decoding.tree_attention import check_tree_attention
+from .decoding.tree_verification import TreeVerificationResult, tree_verify
 from .models.modeling_dspark import DSparkDrafter, DSparkOutput
 from .decoding.hf_dflash import dflash_adapter, hf_dflash_generate
 from . import convert as _convert  # noqa: F401,E402  (DSparkDrafter.from_pretrained reads foreign formats)
@@ -65,6 +68,12 @@ __all__ = [
     "DSparkDrafter",
     "DSparkOutput",
     "DraftBlock",
+    "DraftTree",
+    "TreeSpec",
+    "TreeVerificationResult",
+    "check_tree_attention",
+    "draft_tree",
+    "tree_verify",
     "SamplingParams",
     "SpeculationStats",
     "VerificationResult",

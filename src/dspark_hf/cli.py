@@ -194,8 +194,16 @@ def _compare(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(prog="dspark-hf compare",
                                      description="drafting methods side by side: tau, acceptance, batch-1 speedup")
     parser.add_argument("--target", required=True)
-    parser.add_argument("--drafter", action="append", required=True, metavar="LABEL=FOLDER",
-                        help="a drafter of --target (repeatable), e.g. dspark=outputs/x/final dflash=outputs/y/final")
+    parser.add_argument("--drafter", action="append", default=[], metavar="LABEL=FOLDER",
+                        help="a drafter of --target (repeatable), e.g. dspark=outputs/x/final dflash=outputs/y/final; "
+                             "none: the baselines alone")
+    parser.add_argument("--prompt-lookup", type=int, default=10, metavar="N",
+                        help="tokens per round of transformers' prompt-lookup decoding (prompt_lookup_num_tokens; "
+                             "0 = skip it)")
+    parser.add_argument("--max-matching-ngram-size", type=int, help="prompt lookup's n-gram size (default: "
+                                                                     "transformers', 2)")
+    parser.add_argument("--assistant", metavar="MODEL",
+                        help="also time transformers' assisted generation with this draft model of --target")
     parser.add_argument("--hf-dflash", metavar="LABEL",
                         help="also run this DFlash-variant drafter through transformers' built-in DFlash path")
     parser.add_argument("--stock", metavar="TARGET:ASSISTANT",
@@ -206,8 +214,11 @@ def _compare(argv: list[str]) -> None:
     parser.add_argument("--batch-size", type=int, default=8)
     parser.add_argument("--speed-prompts", type=int, default=3, help="prompts timed at batch size 1")
     parser.add_argument("--stock-prompts", type=int, help="prompts for the stock pair (default: --speed-prompts)")
-    parser.add_argument("--draft-head-dtype", choices=["bfloat16", "float32"],
-                        help="LM-head copy our drafters draft with (default: the target's own head)")
+    parser.add_argument("--draft-head-dtype", choices=["int8", "float16", "bfloat16", "float32"],
+                        help="LM-head weight dtype our drafters draft with (DSparkDrafter.set_draft_head_dtype; "
+                             "int8 / float16: fbgemm kernels on a CPU; default: the target's own head)")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
+    parser.add_argument("--device", help="e.g. cuda (default: the CPU)")
     parser.add_argument("--out", default="outputs/compare")
     args = parser.parse_args(argv)
     drafters = labeled_folders(parser, "--drafter", args.drafter)
@@ -224,7 +235,9 @@ def _compare(argv: list[str]) -> None:
                          draft_head_dtype=args.draft_head_dtype, limit=args.limit,
                          max_new_tokens=args.max_new_tokens, batch_size=args.batch_size,
                          speed_prompts=args.speed_prompts, hf_dflash=args.hf_dflash, stock=stock,
-                         stock_prompts=args.stock_prompts)
+                         stock_prompts=args.stock_prompts, prompt_lookup=args.prompt_lookup,
+                         max_matching_ngram_size=args.max_matching_ngram_size, assistant=args.assistant,
+                         dtype=args.dtype, device=args.device)
     print((out / "compare.md").read_text())
 
 

@@ -45,7 +45,10 @@ def provenance(device: torch.device | str | None = None, **extra: Any) -> dict[s
     """A dict describing where and with what a measurement was made."""
     import transformers
 
-    from . import __version__
+    try:
+        from . import __version__
+    except ImportError:  # a copy in a drafter's custom_generate/ folder (dspark_hf.hub.remote_code): no package
+        __version__ = None
 
     return {
         "time_utc": datetime.now(timezone.utc).isoformat(timespec="seconds"),

@@ -15,6 +15,16 @@ One round, for all active rows at once:
    states of each row's verified tokens; finished rows (EOS, stopping criteria, `max_new_tokens`) are dropped;
    holes are compacted once they exceed `hole_budget` columns.
 
+Tree drafts (`tree_budget=N`, see `tree`): step 1 drafts the chain plus up to N alternative nodes per row where the
+chain is fragile; step 2 picks the nodes each row verifies (the same policies over node survivals); step 3 feeds
+[anchor, nodes] with per-node positions (anchor + depth) and a 4-D tree mask (each node sees the cache, the anchor,
+its ancestors); step 4 accepts the longest matching path (greedy) or runs multi-candidate recursive rejection
+sampling (`tree_verification`); step 5 keeps the anchor and the accepted path in both caches, every other node
+becomes a hole. `tree_budget=0` runs this path with chains only and reproduces the default rounds exactly.
+`tree_budget=None` (default) is the chain loop above. Batch size 1 with trees goes through this loop too:
+transformers' assisted decoding verifies a chain only (one candidate sequence, a causal mask, a cache crop to a
+prefix), so `target.generate(assistant_model=drafter)` cannot take a tree.
+
 A round that verifies no draft (the idle backoff skipped the drafter, the policy chose l_r = 0 everywhere, or
 `speculate=False`) is a plain decoding step: one token per row, `verify`'s K = 0 path, no compaction check (nothing
 was rejected). `speculate=False` also asks the target for no hidden states and keeps no drafter context.
@@ -23,8 +33,8 @@ The state carried between rounds (rows and caches, outputs and statistics, round
 backoff) lives in `round_state`; `generate` is the round above, top to bottom.
 
 Memory bound: after every round each row's KV cache holds at most prompt + generated + `hole_budget` + (block + 1)
-columns (the widest row's, since rows share one cache tensor; left padding of short prompts counts as holes and is
-compacted away too).
+columns (trees: + (1 + block + tree_budget); the widest row's, since rows share one cache tensor; left padding of
+short prompts counts as holes and is compacted away too).
 
 Arguments: `generate` honours the keyword arguments it names and, from a `generation_config=` (a transformers
 `GenerationConfig`) or transformers-style keyword arguments, `max_new_tokens` / `max_length`, `max_time`, `do_sample`,
@@ -52,10 +62,13 @@ from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingC
 from transformers.utils import ModelOutput, logging
 
 from ..models.modeling_dspark import DSparkDrafter
-from .round_state import (PRICED_POLICIES, ActiveRows, IdleBackoff, LengthPolicy, RoundClock, RoundRecord, RowOutputs,
-                          RowStats, target_layer_ids)
+from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, IdleBackoff, LengthPolicy, RoundClock,
+                          RoundRecord, RowOutputs, RowStats, target_layer_ids)
 from .scheduler import POLICIES
 from .sps import SPSTable, profile_sps, target_fingerprint
+from .tree import TreeSpec, draft_tree_for
+from .tree_attention import check_tree_attention, verification_inputs
+from .tree_verification import tree_verify
 from .verification import SamplingParams, verify
 
 __all__ = [
@@ -156,9 +169,8 @@ _IGNORED = frozenset({
     "use_cache", "cache_config", "max_cache_len",
     # a decoder-only target continuing the given prompts: never read
     "bos_token_id", "decoder_start_token_id",
-    # knobs of transformers' own assisted decoding, which this loop replaces (transformers fills in their defaults)
-    "num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold", "assistant_lookbehind",
-    "target_lookbehind", "is_assistant",
+    # set by transformers on its assistants' own generation configs only
+    "is_assistant",
     # beam-search knobs, moot without beams (num_beams itself is checked)
     "early_stopping", "length_penalty",
     # speed knobs of transformers' loops
@@ -166,6 +178,9 @@ _IGNORED = frozenset({
 })
 
 _NEUTRAL: Mapping[str, tuple[Any, ...]] = MappingProxyType({
+    # knobs of transformers' assisted decoding at the defaults its generate() fills in (policy= / threshold= here)
+    "num_assistant_tokens": (20,), "num_assistant_tokens_schedule": ("constant",),
+    "assistant_confidence_threshold": (0.4,), "assistant_lookbehind": (10,), "target_lookbehind": (10,),
     "num_beams": (1,), "num_beam_groups": (1,), "num_return_sequences": (1,), "diversity_penalty": (0.0,),
     "repetition_penalty": (1.0,), "encoder_repetition_penalty": (1.0,), "no_repeat_ngram_size": (0,),
     "encoder_no_repeat_ngram_size": (0,), "min_length": (0,), "min_new_tokens": (0,), "typical_p": (1.0,),
@@ -235,13 +250,16 @@ class GenerationSettings:
         config = {} if generation_config is None else {k: getattr(generation_config, k, None) for k in _CONFIG_FIELDS}
         config.update(config_kwargs)
         config = {k: v for k, v in config.items() if v is not None}
-        unsupported = [f"{k}={v!r}" for k, v in sorted(config.items())
-                       if k not in _HONOURED and k not in _IGNORED and not _is_neutral(k, v)]
+        unsupported_names = [k for k, v in sorted(config.items())
+                             if k not in _HONOURED and k not in _IGNORED and not _is_neutral(k, v)]
+        unsupported = [f"{k}={config[k]!r}" for k in unsupported_names]
         if unsupported:
             raise NotImplementedError(
                 f"dspark_hf's batched loop applies temperature / top-k / top-p, EOS, max_new_tokens / max_length, "
                 f"max_time and stopping criteria only; it cannot honour {', '.join(unsupported)}. Drop those "
                 f"settings, or use batch size 1 through target.generate(assistant_model=...)"
+                + ("; this loop's verification lengths are policy='fixed' | 'threshold' (threshold=) | 'scheduled'"
+                   if any(k.startswith(("num_assistant", "assistant_")) for k in unsupported_names) else "")
             )
         if max_new_tokens is None:
             if "max_new_tokens" in config:
@@ -351,6 +369,8 @@ def generate(
     count_round_overhead: bool = True,
     idle_backoff: bool = True,
     speculate: bool = True,
+    tree_budget: int | None = None,
+    tree_max_children: int = 4,
     **config_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """Speculative decoding of a left-padded batch with a DSpark drafter. Lossless: greedy output equals each row's
@@ -377,7 +397,7 @@ def generate(
         return_dict_in_generate: return a `DSparkGenerateOutput` with per-row statistics.
         generator: RNG for drafting and verification (sampling).
         hole_budget: compact the KV caches once the widest row carries more than this many masked columns
-            (default 2 * (block_size + 1)).
+            (default 2 * (block_size + 1); with trees 2 * (1 + block_size + tree_budget)).
         record_rounds: keep a `RoundRecord` per round in the output (for calibration and evaluation).
         count_round_overhead: for "scheduled" / "async", add the measured per-round cost outside the target's forward
             (drafting, bookkeeping; a running mean over past rounds) to the cost curve (see
@@ -389,10 +409,17 @@ def generate(
             `count_round_overhead`, when its expected throughput (calibrated confidences, cost curve plus the
             measured per-round overhead) is below plain decoding's (cost curve plus the overhead without the
             drafter's measured time). Decided from past rounds only, so the output is exactly the same as without it
-            (lossless either way); it only saves the drafter's cost under load.
+            (lossless either way); it only saves the drafter's cost under load. With trees the same rule also drafts
+            chains alone after tree rounds that verified no node off the chain (`round_state.BranchBackoff`).
         speculate: False runs the same loop with no drafts at all: one target forward per token, no hidden states,
             no drafter context (`drafter` may be None; `policy` and `sps` are not used). The output equals plain
             decoding's; it is the speed reference of the loop itself (what the idle backoff's skipped rounds cost).
+        tree_budget: draft a tree per row: the chain plus up to this many alternative nodes where the chain is
+            fragile (`dspark_hf.decoding.tree`), verified in one forward with a tree attention mask; lossless for
+            greedy and sampling. None (default): chains. 0: the tree path with chains only (identical rounds). Needs
+            a target with SDPA or eager attention (checked, and probed once per call) and, for > 0, a drafter with
+            a confidence head. The only way to decode trees at batch size 1 too (see the module docstring).
+        tree_max_children: children per tree node at most, the chain's own child included.
         **config_kwargs: `GenerationConfig` settings by name (e.g. `max_length=`, `use_cache=`), as
             `target.generate` accepts them; anything else raises `TypeError`.
     """
@@ -409,14 +436,20 @@ def generate(
         raise ValueError("streamer is supported for batch size 1 only")
     sampling = settings.sampling()
     block_size = drafter.config.block_size if speculate else 0
-    hole_budget = 2 * (block_size + 1) if hole_budget is None else int(hole_budget)
+    spec = None
+    if tree_budget is not None and speculate:
+        spec = TreeSpec(budget=tree_budget, max_children=tree_max_children)
+        attention = check_tree_attention(target, probe=True)
+    width_max = 1 + block_size + (spec.budget if spec is not None else 0)  # tokens per row of a verification forward
+    hole_budget = 2 * width_max if hole_budget is None else int(hole_budget)
     device = input_ids.device
     priced = speculate and policy in PRICED_POLICIES
     if priced:
-        sps = resolve_sps(target, sps, max_tokens=input_ids.shape[0] * (block_size + 1))
+        sps = resolve_sps(target, sps, max_tokens=input_ids.shape[0] * width_max)
     clock = RoundClock(priced=count_round_overhead and priced)
     choose = LengthPolicy(policy, block_size, sps, threshold, clock)
     backoff = IdleBackoff(enabled=idle_backoff and priced)
+    branching = BranchBackoff(enabled=idle_backoff and priced and spec is not None and spec.budget > 0)
     criteria = settings.stopping_criteria(stopping_criteria)
     outputs = RowOutputs(input_ids, attention_mask, max_new_tokens=settings.max_new_tokens, started=started,
                          eos_token_ids=settings.eos_token_ids, stopping_criteria=criteria, streamer=streamer,
@@ -438,8 +471,8 @@ def generate(
             break
         rows.compact_holes(hole_budget)
         round_start = time.perf_counter()
-        block, width, draft_seconds = None, 1, 0.0
-        if speculate and not backoff.skip():  # (a skipped round is plain decoding: nothing for the policy to choose)
+        block, tree, width, draft_seconds = None, None, 1, 0.0
+        if speculate and spec is None and not backoff.skip():  # (a skipped round is plain decoding: nothing to choose)
             draft_start = time.perf_counter()
             block = drafter.draft(rows.context, rows.anchors.to(drafter.device),
                                   anchor_positions=rows.next_pos.to(drafter.device), sampling=sampling,
@@ -450,12 +483,34 @@ def generate(
                 backoff.observe(choose.pays(block, lengths))
             lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
             width = 1 + int(lengths.max())
+        elif speculate and spec is not None and not backoff.skip():  # tree drafts: the same round over nodes
+            draft_start = time.perf_counter()
+            round_spec = branching.spec(spec)  # chains only while recent trees verified no branch
+            drafted = draft_tree_for(drafter, rows.context, rows.anchors.to(drafter.device),
+                                     anchor_positions=rows.next_pos.to(drafter.device), spec=round_spec,
+                                     sampling=sampling, generator=generator)
+            draft_seconds = time.perf_counter() - draft_start
+            admitted = choose.admit(drafted, rows.ids)
+            if backoff.enabled:
+                backoff.observe(choose.tree_pays(drafted, admitted))
+            if round_spec.budget > 0:
+                branching.observe(bool(admitted[:, drafted.num_chain:].any()))
+            admitted &= drafted.depths.cpu() <= outputs.remaining(rows.ids)[:, None]  # never past max_new_tokens
+            block = drafted  # (for the round record and the clock)
+            tree = drafted.select(admitted)  # (its [R, W, V] logits are built only if sampling reads them)
+            lengths = tree.num_nodes.cpu()
+            width = 1 + int(lengths.max()) if tree.tokens.shape[1] else 1
 
         if width == 1:  # no draft to verify: a plain decoding step (every row feeds its anchor)
             lengths = torch.zeros(len(rows), dtype=torch.long)
             drafts = rows.anchors.new_zeros(len(rows), 0)
             tokens, positions = rows.anchors[:, None], rows.next_pos[:, None]
             step_valid = torch.ones(len(rows), 1, dtype=torch.bool, device=device)
+            step_mask = torch.cat([rows.kv_valid, step_valid], dim=1).long()
+        elif tree is not None:  # row r feeds [anchor, its verified nodes], right-padded, under the tree mask
+            tree = tree.to(device)
+            tokens, positions, step_mask = verification_inputs(tree, rows.anchors, rows.next_pos, rows.kv_valid,
+                                                               implementation=attention, dtype=target.dtype)
         else:  # row r feeds [anchor, d_1..d_{l_r}], right-padded to the round's width
             lengths = lengths.to(device)
             drafts = block.tokens[:, : width - 1].to(device)
@@ -463,31 +518,35 @@ def generate(
             step_valid = slots[None, :] < (1 + lengths)[:, None]  # slots past 1 + l_r are padding
             tokens = torch.where(step_valid, torch.cat([rows.anchors[:, None], drafts], dim=1), rows.anchors[:, None])
             positions = rows.next_pos[:, None] + slots[None, :]
+            step_mask = torch.cat([rows.kv_valid, step_valid], dim=1).long()
         verify_start = time.perf_counter()
-        out = target(input_ids=tokens, attention_mask=torch.cat([rows.kv_valid, step_valid], dim=1).long(),
-                     position_ids=positions, cache=rows.cache, use_cache=True, output_hidden_states=layer_ids)
+        out = target(input_ids=tokens, attention_mask=step_mask, position_ids=positions, cache=rows.cache,
+                     use_cache=True, output_hidden_states=layer_ids)
         verify_seconds = time.perf_counter() - verify_start
 
-        # accept: each row's longest valid prefix plus one target token (no drafts: the target's own token)
-        if width == 1:
-            draft_logits = out.logits[:, :0]
+        # accept: each row's longest valid prefix (a tree: path) plus one target token (no drafts: the target's own)
+        if width > 1 and tree is not None:
+            result = tree_verify(tree, out.logits, sampling, generator=generator, pad_token_id=settings.pad_token_id)
         else:
-            draft_logits = block.logits[:, : width - 1].to(device)
-        result = verify(drafts, draft_logits, out.logits, sampling, num_drafts=lengths, generator=generator,
-                        pad_token_id=settings.pad_token_id)
+            # greedy verification compares tokens only: a sparse block's [B, K, V] draft logits are not built for it
+            sampled = width > 1 and sampling.do_sample
+            draft_logits = block.logits[:, : width - 1].to(device) if sampled else out.logits[:, :0]
+            result = verify(drafts, draft_logits, out.logits, sampling, num_drafts=lengths, generator=generator,
+                            pad_token_id=settings.pad_token_id)
 
-        # update caches: anchor + accepted drafts become context of both caches; the rest stay holes
-        kept = step_valid if width == 1 else slots[None, :] < (1 + result.num_accepted)[:, None]
+        # update caches: anchor + accepted drafts (path) become context of both caches; the rest stay holes
+        if width == 1:
+            kept = step_valid
+        elif tree is not None:
+            kept = result.kept
+        else:
+            kept = slots[None, :] < (1 + result.num_accepted)[:, None]
         rows.advance(out.hidden_states if speculate else None, positions, kept, result.num_accepted,
                      result.next_tokens)
 
         # emit: cut at EOS / stopping criteria / max_new_tokens, stream, count; finished rows go next round
         if record_rounds:
-            records.append(RoundRecord(
-                rows=rows.ids.clone(), lengths=lengths.cpu().clone(), accepted=result.num_accepted.cpu().clone(),
-                confidence_logits=None if block is None or block.confidence_logits is None
-                else block.confidence_logits.float().cpu(),
-                drafts=None if block is None else block.tokens.cpu().clone()))
+            records.append(_round_record(rows.ids, block, tree, spec, lengths, result))
         finished = outputs.emit(rows.ids, result.tokens, result.num_new, lengths, result.num_accepted)
         if block is not None:  # the per-round overhead the cost curve does not see: all but the target's forward
             clock.add(time.perf_counter() - round_start - verify_seconds, draft_seconds)
@@ -500,6 +559,29 @@ def generate(
     return DSparkGenerateOutput(sequences=sequences, stats=outputs.stats, num_generated=outputs.num_generated,
                                 policy=policy, peak_cache_columns=rows.peak_columns,
                                 rounds=records if record_rounds else None)
+
+
+def _round_record(ids: torch.Tensor, block: Any, tree: Any, spec: TreeSpec | None, lengths: torch.Tensor,
+                  result: Any) -> RoundRecord:
+    """The round's `RoundRecord`; for tree drafts the chain fields count the chain's nodes (see `RoundRecord`)."""
+    confidence_logits = (None if block is None or block.confidence_logits is None
+                         else block.confidence_logits.float().cpu())
+    if spec is None or block is None:
+        return RoundRecord(rows=ids.clone(), lengths=lengths.cpu().clone(), accepted=result.num_accepted.cpu().clone(),
+                           confidence_logits=confidence_logits,
+                           drafts=None if block is None else block.tokens.cpu().clone())
+    k = block.num_chain
+    chain_verified = ((tree.node_ids < k) & tree.valid).sum(dim=1).cpu()
+    path = getattr(result, "path", None)
+    if path is None:  # no node verified this round
+        chain_accepted = torch.zeros_like(chain_verified)
+    else:
+        on_path = path >= 0
+        path_ids = tree.node_ids.to(path.device).gather(1, path.clamp(min=0))
+        chain_accepted = (on_path & (path_ids < k)).sum(dim=1).cpu()
+    return RoundRecord(rows=ids.clone(), lengths=chain_verified, accepted=chain_accepted,
+                       confidence_logits=confidence_logits, drafts=block.tokens[:, :k].cpu().clone(),
+                       tree_verified=lengths.cpu().clone(), tree_accepted=result.num_accepted.cpu().clone())
 
 
 def speculative_generate(
@@ -516,13 +598,17 @@ def speculative_generate(
     threshold: float = 0.5,
     generator: torch.Generator | None = None,
     speculate: bool = True,
+    tree_budget: int | None = None,
+    tree_max_children: int = 4,
     **model_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """The same loop behind `target.generate(**inputs, custom_generate=dspark_hf.speculative_generate,
     drafter=drafter, policy=...)`: sampling settings, `max_new_tokens`, `max_time`, EOS and pad ids come from the
     generation config that generate() prepared, custom stopping criteria (including `stop_strings`) from its list.
-    transformers drops `streamer` on this path; pass it to `dspark_hf.generate`. Pass `sps=dspark_hf.SPSCache()` (or
-    a table) to profile the cost curve once across calls."""
+    `streamer` (batch size 1) works here too: generate() streams the prompt itself and the generate() hook of
+    `import dspark_hf` hands the streamer on (transformers alone drops it for callables; `_dspark_takes_streamer`).
+    Pass `sps=dspark_hf.SPSCache()` (or a table) to profile the cost curve once across calls. `tree_budget=N`
+    decodes tree drafts (also at batch size 1: the way to get trees through `target.generate`)."""
     if drafter is None and speculate:
         raise ValueError("speculative_generate needs drafter=<DSparkDrafter> (pass it to target.generate)")
     if synced_gpus:
@@ -546,6 +632,27 @@ def speculative_generate(
     # what is left (use_cache, output_attentions, ...) are GenerationConfig settings, checked like any other
     return generate(
         model, drafter, input_ids, attention_mask, generation_config=config, policy=policy, sps=sps,
-        threshold=threshold, stopping_criteria=StoppingCriteriaList(custom) if custom else None, streamer=streamer,
-        generator=generator, speculate=speculate, **model_kwargs,
+        threshold=threshold, stopping_criteria=StoppingCriteriaList(custom) if custom else None,
+        streamer=None if streamer is None else _PromptAlreadyStreamed(streamer), generator=generator,
+        speculate=speculate, tree_budget=tree_budget, tree_max_children=tree_max_children, **model_kwargs,
     )
+
+
+speculative_generate._dspark_takes_streamer = True  # type: ignore[attr-defined]  (see candidate_generator)
+
+
+class _PromptAlreadyStreamed:
+    """The streamer of a `generate(custom_generate=speculative_generate)` call, which has put the prompt already:
+    drops the loop's own first `put` (the prompt), forwards the rest."""
+
+    def __init__(self, streamer: Any) -> None:
+        self.streamer, self.prompt_pending = streamer, True
+
+    def put(self, value: torch.Tensor) -> None:
+        if self.prompt_pending:
+            self.prompt_pending = False
+            return
+        self.streamer.put(value)
+
+    def end(self) -> None:
+        self.streamer.end()

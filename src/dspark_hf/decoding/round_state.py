@@ -12,9 +12,11 @@ Each piece is a small typed object with the methods the loop calls, so that `gen
 * `RoundClock`: the measured per-round overhead outside the target's forward (drafting, bookkeeping) and the cost
   curve the policies price with it (`scheduler.WithRoundOverhead`).
 * `ConfidenceHistory`: the async policy's confidences of the last two rounds, aligned with the rows still active.
-* `LengthPolicy`: a round's verification lengths (`fixed`, `threshold`, `scheduled`, `async`) and whether drafting
-  the round is expected to pay.
+* `LengthPolicy`: a round's verification lengths (`fixed`, `threshold`, `scheduled`, `async`) — or, for tree drafts,
+  the nodes each row verifies (`admit`) — and whether drafting the round is expected to pay.
 * `IdleBackoff`: skips the drafter after rounds that did not pay for it (2, 4, ... 32 rounds), probing in between.
+* `BranchBackoff`: the same for tree drafts: drafts chains only after tree rounds in which no node off the chain was
+  verified, probing with the full tree in between.
 
 Everything here decides from past rounds only (the admission rule stays non-anticipating) and is tensor code: no
 Python pass over the rows per round (only stopping criteria and a streamer, which need each row's tokens, take one).
@@ -31,13 +33,15 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..models.drafting import DraftBlock, DSparkContextCache, valid_first_order
 from ..models.modeling_dspark import DSparkDrafter
-from .scheduler import (WithRoundOverhead, async_lengths, expected_throughput, fixed_lengths, schedule_prefix,
-                        threshold_lengths)
+from .scheduler import (WithRoundOverhead, async_lengths, async_tree, expected_throughput, expected_tree_throughput,
+                        fixed_lengths, schedule_prefix, schedule_tree, threshold_lengths, threshold_tree)
+from .tree import DraftTree, TreeSpec
 from .verification import SamplingParams
 
 __all__ = [
     "PRICED_POLICIES",
     "ActiveRows",
+    "BranchBackoff",
     "ConfidenceHistory",
     "IdleBackoff",
     "LengthPolicy",
@@ -90,13 +94,20 @@ class RoundRecord:
     logits `[R, K]` (before STS; None without a confidence head or in a round that skipped the drafter), verify
     lengths `[R]`, accepted drafts `[R]` and the draft tokens `[R, K]` the drafter proposed (target ids, the whole
     block: only the first `lengths[r]` were verified and the first `accepted[r]` were emitted; None in a round that
-    skipped the drafter, e.g. by the idle backoff)."""
+    skipped the drafter, e.g. by the idle backoff).
+
+    With tree drafts (`tree_budget=`) `lengths`, `accepted`, `drafts` and `confidence_logits` keep their meaning for
+    the chain (verified chain drafts, chain drafts accepted before the accepted path leaves the chain: the labels
+    calibration needs), and `tree_verified` / `tree_accepted` `[R]` count all verified nodes and the accepted path's
+    length (tokens emitted - 1)."""
 
     rows: torch.Tensor
     confidence_logits: torch.Tensor | None
     lengths: torch.Tensor
     accepted: torch.Tensor
     drafts: torch.Tensor | None = None
+    tree_verified: torch.Tensor | None = None
+    tree_accepted: torch.Tensor | None = None
 
 
 class RowOutputs:
@@ -390,15 +401,27 @@ class RoundClock:
 
 @dataclass
 class ConfidenceHistory:
-    """The async policy's confidences `[R, K]` (CPU) of the last two drafting rounds, with the rows they belong to."""
+    """The async policy's confidences `[R, K]` (CPU) of the last two drafting rounds, with the rows they belong to
+    (for tree drafts: node survivals `[R, N]` and their validity `valid`)."""
 
     confidences: list[torch.Tensor] = field(default_factory=list)
     rows: list[torch.Tensor] = field(default_factory=list)
+    valid: list[torch.Tensor | None] = field(default_factory=list)
 
-    def push(self, confidences: torch.Tensor, rows: torch.Tensor) -> None:
+    def push(self, confidences: torch.Tensor, rows: torch.Tensor, valid: torch.Tensor | None = None) -> None:
         """Records a round's confidences of `rows` (original indices); keeps the last two rounds."""
         self.confidences = (self.confidences + [confidences.float().cpu()])[-2:]
         self.rows = (self.rows + [rows.clone().cpu()])[-2:]
+        self.valid = (self.valid + [None if valid is None else valid.cpu()])[-2:]
+
+    def valid_two_rounds_ago(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """The validity mask pushed with the confidences of `two_rounds_ago` (None if none was)."""
+        if len(self.confidences) < 2 or self.valid[-2] is None:
+            return None
+        old_rows = self.rows[-2]
+        where = torch.empty(int(old_rows.max()) + 1, dtype=torch.long)
+        where[old_rows] = torch.arange(len(old_rows))
+        return self.valid[-2][where[rows]]
 
     def two_rounds_ago(self, rows: torch.Tensor) -> torch.Tensor | None:
         """The confidences of two drafting rounds ago for `rows` (all active then: rows are only ever dropped), or
@@ -448,6 +471,36 @@ class LengthPolicy:
             self.history.push(conf, rows)
         return lengths
 
+    def admit(self, tree: DraftTree, rows: torch.Tensor) -> torch.Tensor:
+        """`[R, N]` (CPU) bool: the nodes of this round's trees of `rows` to verify; reads past rounds only. The same
+        policies over node survivals (`scheduler.schedule_tree` & co.); on a chain the same lengths as `lengths`."""
+        valid = tree.valid.cpu()
+        if self.name == "fixed":
+            return valid
+        survival = tree.survival.detach().float().cpu()
+        if self.name == "threshold":
+            return threshold_tree(survival, valid, self.threshold)
+        stale = self.history.two_rounds_ago(rows) if self.name == "async" else None
+        if stale is None:
+            admitted = schedule_tree(survival, valid, self.clock.cost(self.sps))
+        else:
+            admitted = async_tree(survival, valid, stale, self.history.valid_two_rounds_ago(rows),
+                                  self.clock.cost(self.sps))
+        if self.name == "async":
+            self.history.push(survival, rows, valid)
+        return admitted
+
+    def tree_pays(self, tree: DraftTree, admitted: torch.Tensor) -> bool:
+        """`pays` for a tree round: expected throughput of the admitted nodes against plain decoding."""
+        if not bool(admitted.any()):
+            return False
+        if not self.clock.measured or tree.survival is None:
+            return True
+        survival = tree.survival.detach().float().cpu().masked_fill(~tree.valid.cpu(), 0.0)
+        return (expected_tree_throughput(survival, admitted, self.clock.cost(self.sps))
+                > expected_tree_throughput(survival, torch.zeros_like(admitted), self.clock.cost(self.sps,
+                                                                                               with_drafter=False)))
+
     def pays(self, block: DraftBlock, lengths: torch.Tensor) -> bool:
         """Whether drafting this round is expected to beat plain decoding once the drafter's own time is priced: False
         when no row verifies a draft; with a measured overhead, a comparison of expected throughputs."""
@@ -495,3 +548,27 @@ class IdleBackoff:
         self.streak += 1
         if self.streak >= 2:
             self.skip_left, self.skip_len = self.skip_len, min(2 * self.skip_len, self.MAX_SKIP)
+
+
+@dataclass
+class BranchBackoff(IdleBackoff):
+    """`IdleBackoff`'s schedule for tree drafts: drafts chains only while the policy verifies no branch. After 2
+    consecutive tree rounds in which no row verified a node off the chain (under load the scheduler drops alternatives
+    first), the next `skip_len` rounds draft the chain alone (`tree_budget` 0: exactly `drafter.draft`, no
+    tree-growing cost); then one round drafts the full tree again; `skip_len` doubles (2, 4, ... 32) while such probes
+    verify no branch and resets when one does. Decided from past rounds only: the drafting shape never reads the
+    current round's drafts, so decoding stays lossless.
+
+    `enabled`: for the policies that price a cost curve ("scheduled", "async") with a tree budget > 0.
+    """
+
+    def spec(self, spec: TreeSpec) -> TreeSpec:
+        """This round's tree spec: `spec`, or a chain-only one during a skip (counted against it)."""
+        if self.enabled and self.skip():
+            return TreeSpec(budget=0, max_children=spec.max_children)
+        return spec
+
+    def observe(self, branched: bool) -> None:
+        """Records whether a (full) tree round verified any node off the chain."""
+        if self.enabled:
+            super().observe(branched)

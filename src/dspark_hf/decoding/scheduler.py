@@ -18,6 +18,13 @@ per-request lengths `[R]` in 0..K.
   current survival. Ties are broken by position then request, so (r, j) always precedes (r, j + 1) and a decision on
   x_j never reads x_j.
 
+Trees (`tree.DraftTree`): the same objective over nodes instead of prefixes. `schedule_tree`, `threshold_tree`,
+`async_tree` and `expected_tree_throughput` take each node's survival s_{r,n} (the prefix survival along its path:
+the product of its ancestors' and its own conditional estimates) and a `[R, N]` validity mask, and return the nodes to
+verify `[R, N]`: B = sum_r (1 + #admitted_r), tau = sum_r (1 + sum of admitted s_{r,n}). On a chain they equal the
+prefix functions above exactly (node n = position n + 1, the same tie-break). Under load the admission threshold
+rises, so the alternatives (lower survival than the chain's head) go first: trees shrink to chains, chains to nothing.
+
 Every function runs on a few thousand candidates in well under a millisecond (R = 256, K = 16 is 4096).
 """
 
@@ -33,12 +40,16 @@ __all__ = [
     "SPSLike",
     "WithRoundOverhead",
     "async_lengths",
+    "async_tree",
     "expected_throughput",
+    "expected_tree_throughput",
     "fixed_lengths",
     "prefix_survival",
     "schedule_prefix",
+    "schedule_tree",
     "sps_values",
     "threshold_lengths",
+    "threshold_tree",
     "token_budget",
 ]
 
@@ -188,6 +199,103 @@ def expected_throughput(confidences: torch.Tensor, lengths: torch.Tensor, sps: S
     admitted = torch.arange(k)[None, :] < lengths[:, None]
     tau = r + float((survival * admitted).sum())
     batch = int(r + lengths.sum())
+    return tau * float(sps_values(sps, torch.tensor([batch]))[0])
+
+
+# ---------------------------------------------------------------------------------------------- trees
+def _check_survival(survival: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    if survival.dim() != 2 or valid.shape != survival.shape:
+        raise ValueError(f"survival and valid must both be [R, N], got {tuple(survival.shape)} and "
+                         f"{tuple(valid.shape)}")
+    survival, valid = survival.detach().float().cpu(), valid.detach().bool().cpu()
+    live = survival[valid]
+    if torch.isnan(live).any():
+        raise ValueError("node survivals contain NaN; check the drafter's confidence head (and its STS temperatures)")
+    if ((live < 0) | (live > 1)).any():
+        raise ValueError("node survivals must lie in [0, 1]")
+    return survival, valid
+
+
+def _sorted_nodes(survival: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The valid nodes sorted by survival descending, ties by node index then request (node-major, as
+    `_sorted_candidates` is position-major). Returns (values float64, rows, nodes), each `[#valid]`.
+
+    Node indices follow creation order, in which a node's parent and earlier siblings come first; survival never
+    increases from parent to child (and, for sampled trees, from sibling to next sibling), so a node comes after its
+    parent (and earlier siblings) whatever the ties."""
+    r, n = survival.shape
+    flat = survival.t().reshape(-1).double().numpy()  # index = node * R + row
+    index = np.flatnonzero(valid.t().reshape(-1).numpy())
+    keys = flat[index] - index * _TIE_BREAK
+    order = index[np.argsort(-keys, kind="quicksort")]
+    return torch.from_numpy(flat[order]), torch.from_numpy(order % r), torch.from_numpy(order // r)
+
+
+def _admitted_nodes(rows: torch.Tensor, nodes: torch.Tensor, admitted: int, shape: torch.Size) -> torch.Tensor:
+    mask = torch.zeros(shape, dtype=torch.bool)
+    mask[rows[:admitted], nodes[:admitted]] = True
+    return mask
+
+
+def schedule_tree(survival: torch.Tensor, valid: torch.Tensor, sps: SPSLike, early_stop: bool = True) -> torch.Tensor:
+    """Algorithm 1 over tree nodes: the `[R, N]` mask of nodes to verify, maximising Theta = tau * SPS(B).
+
+    Candidates (r, n) are admitted in descending survival s_{r,n} (ties: node index, then request) while Theta
+    improves; `early_stop` stops at the first non-improvement.
+
+    Appendix A's non-anticipation argument, for trees: the admission of node n must not depend on n's own token or on
+    anything drawn after it from n's point of view — its descendants, its later siblings and their descendants
+    (what the rejection rule at n's parent has not yet looked at). s_{r,n} reads only n's ancestors and earlier
+    siblings (the confidence head reads the parent's token; a sibling's estimate reads the earlier siblings'), and in
+    a sampled tree (`tree.draft_tree`) it never increases along parent -> first child and sibling -> next sibling
+    edges, which are also creation order. So every node that could depend on n ranks after n, and with the break n's
+    admission is decided by the candidates ranked before it alone, none of which depend on n: the same argument as for
+    (r, j) before (r, j + 1) on a chain. (With `early_stop=False` the argmax over the whole curve reads them: not
+    lossless on live survivals.) Greedy output does not depend on what is verified, so greedy trees need only the
+    parent -> child order, which keeps the admitted set a tree per row (closed under parents).
+    """
+    survival, valid = _check_survival(survival, valid)
+    r = survival.shape[0]
+    if r == 0:
+        raise ValueError("schedule_tree needs at least one request")
+    values, rows, nodes = _sorted_nodes(survival, valid)
+    theta = _throughput_curve(values, r, sps)
+    if early_stop:
+        improves = theta[1:] > theta[:-1]
+        admitted = int(torch.cumprod(improves.long(), 0).sum()) if len(improves) else 0
+    else:
+        admitted = int(torch.argmax(theta))
+    return _admitted_nodes(rows, nodes, admitted, survival.shape)
+
+
+def threshold_tree(survival: torch.Tensor, valid: torch.Tensor, threshold: float) -> torch.Tensor:
+    """The valid nodes with s_{r,n} >= threshold (closed under parents: survival never increases down a path)."""
+    if not 0.0 <= threshold <= 1.0:
+        raise ValueError(f"threshold must be in [0, 1], got {threshold}")
+    survival, valid = _check_survival(survival, valid)
+    return valid & (survival >= threshold)
+
+
+def async_tree(survival: torch.Tensor, valid: torch.Tensor, stale_survival: torch.Tensor, stale_valid: torch.Tensor,
+               sps: SPSLike) -> torch.Tensor:
+    """Section 5.2 for trees: the token budget from a global search over the node survivals of two rounds ago
+    (`stale_*`, rows aligned with the current ones), then the current nodes top-budget by current survival (the
+    ranking puts a node after its parent and earlier siblings, so the admitted set is a tree per row)."""
+    if stale_survival.shape[0] != survival.shape[0]:
+        raise ValueError(f"stale survivals have {stale_survival.shape[0]} rows, current have {survival.shape[0]}")
+    budget = int(schedule_tree(stale_survival, stale_valid, sps, early_stop=False).sum())
+    survival, valid = _check_survival(survival, valid)
+    values, rows, nodes = _sorted_nodes(survival, valid)
+    return _admitted_nodes(rows, nodes, min(budget, len(values)), survival.shape)
+
+
+def expected_tree_throughput(survival: torch.Tensor, admitted: torch.Tensor, sps: SPSLike) -> float:
+    """Theta = tau * SPS(B) for the admitted nodes `[R, N]`: tau = R + sum of their survivals, B = R + their count."""
+    survival = survival.detach().float().cpu()
+    admitted = admitted.cpu()
+    r = survival.shape[0]
+    tau = r + float((survival * admitted).sum())
+    batch = int(r + admitted.sum())
     return tau * float(sps_values(sps, torch.tensor([batch]))[0])
 
 

@@ -69,6 +69,14 @@ def _not_cached(repo_id: str, revision: str | None, cache_dir: Path, what: str, 
         "local folder instead.")
 
 
+def _unreadable(repo_id: str, folder: str, what: str, err: Exception) -> OSError:
+    """A cached snapshot of `repo_id` that does not load: most likely a corrupted or partial download."""
+    first = str(err).splitlines()[0] if str(err) else type(err).__name__
+    return OSError(f"the {what} {repo_id!r} is in the local Hugging Face cache ({folder}) but could not be loaded "
+                   f"({type(err).__name__}: {first}); a corrupted or partial download? Download it again where the "
+                   f"Hub is reachable: `hf download {repo_id} --force-download`")
+
+
 def resolve_pretrained(name_or_path: str | os.PathLike, *, revision: str | None = None,
                        cache_dir: str | os.PathLike | None = None, local_files_only: bool | None = None,
                        what: str = "model") -> str:
@@ -118,6 +126,7 @@ def _registry_names() -> set[str]:
 def _load_causal_lm(name: str, revision: str | None, cache_dir, what: str, *, dtype, device_map,
                     with_tokenizer: bool = True, **kwargs):
     """(model, tokenizer) for one candidate name: folder, Hub id or registry name."""
+    from safetensors import SafetensorError
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if name in _registry_names() and not os.path.isdir(name):
@@ -136,10 +145,12 @@ def _load_causal_lm(name: str, revision: str | None, cache_dir, what: str, *, dt
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, **hub) if with_tokenizer else None
         model = AutoModelForCausalLM.from_pretrained(source, **load)
-    except OSError as err:
-        if local or not is_hub_repo_id(name):
+    except (OSError, RuntimeError, ValueError, SafetensorError) as err:
+        if not is_hub_repo_id(name) or os.path.isdir(name):
             raise
-        raise _not_cached(name, revision, hub_cache_dir(cache_dir), what, why=str(err).splitlines()[0]) from err
+        if isinstance(err, OSError) and not local:
+            raise _not_cached(name, revision, hub_cache_dir(cache_dir), what, why=str(err).splitlines()[0]) from err
+        raise _unreadable(name, source if local else str(hub_cache_dir(cache_dir)), what, err) from err
     if local and is_hub_repo_id(name) and not os.path.isdir(name):
         record_hub_origin(model, tokenizer, name, source)
     return model.eval(), tokenizer
@@ -218,6 +229,7 @@ def load_pair(drafter_id_or_folder: str | os.PathLike, *, target=None, tokenizer
 
     Raises:
         NotCachedError (an OSError): a needed Hub repo is not cached and the Hub cannot be used; names the repo.
+        OSError: a cached Hub repo does not load (a corrupted or partial download); names the repo and the snapshot.
         ValueError: the drafter does not fit the target passed in, or a name is neither folder nor Hub id.
     """
     from ..models.modeling_dspark import DSparkDrafter
@@ -228,8 +240,10 @@ def load_pair(drafter_id_or_folder: str | os.PathLike, *, target=None, tokenizer
                                             if v is not None}
     try:
         drafter = DSparkDrafter.from_pretrained(where, **hub)
-    except OSError as err:
-        if os.path.isdir(where):
+    except (OSError, ValueError) as err:
+        if os.path.isdir(where) and where != os.path.expanduser(source):  # a cached snapshot of a Hub id
+            raise _unreadable(source, where, "drafter", err) from err
+        if os.path.isdir(where) or not isinstance(err, OSError):
             raise
         raise _not_cached(source, revision, hub_cache_dir(cache_dir), "drafter",
                           why=str(err).splitlines()[0]) from err

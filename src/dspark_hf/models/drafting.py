@@ -6,7 +6,9 @@ every round and never cached. Rows are appended right-padded per batch row: a ro
 another leaves masked *holes* (`valid == False`), which attention ignores; `compact()` removes columns that are holes
 in every row. Positions are tracked per row, so holes never shift RoPE.
 
-`DraftBlock` is what one drafting round returns. Imports nothing from `dspark_hf` (trust_remote_code copies it).
+`DraftBlock` is what one drafting round returns; `SparseLogits` the draft distribution of a drafter restricted to a
+few ids per slot, kept compact until someone reads the full-vocabulary logits. Imports nothing from `dspark_hf`
+(trust_remote_code copies it).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["DSparkContextCache", "DraftBlock", "valid_first_order"]
+__all__ = ["DSparkContextCache", "DraftBlock", "SparseLogits", "valid_first_order"]
 
 
 def valid_first_order(valid: torch.Tensor) -> torch.Tensor:
@@ -27,6 +29,31 @@ def valid_first_order(valid: torch.Tensor) -> torch.Tensor:
 
 
 @dataclass
+class SparseLogits:
+    """Logits that are -inf outside a few target ids per slot: what a drafter restricted to candidates or to a reduced
+    draft vocabulary produces. `dense()` is the full-vocabulary tensor it stands for.
+
+    Attributes:
+        values: `[B, K, M]` float32 logits of the ids that can be drawn.
+        ids: `[B, K, M]` their target ids (distinct within a slot).
+        vocab_size: V, the full vocabulary.
+    """
+
+    values: torch.Tensor
+    ids: torch.LongTensor
+    vocab_size: int
+
+    def dense(self) -> torch.Tensor:
+        """`[B, K, V]` float32: `values` at `ids`, -inf (probability zero) everywhere else."""
+        b, k, _ = self.values.shape
+        full = self.values.new_full((b, k, self.vocab_size), float("-inf"), dtype=torch.float32)
+        return full.scatter(2, self.ids, self.values.float())
+
+    def truncate(self, num_tokens: int) -> "SparseLogits":
+        return SparseLogits(self.values[:, :num_tokens], self.ids[:, :num_tokens], self.vocab_size)
+
+
+@dataclass(init=False)
 class DraftBlock:
     """One round of drafts for a batch.
 
@@ -34,14 +61,38 @@ class DraftBlock:
         tokens: `[B, K]` draft tokens x_1..x_K (slot k predicts anchor position + k + 1).
         logits: `[B, K, V]` float32 logits of the exact distribution each draft was drawn from (Markov-corrected, after
             the same logits processing as the target side: temperature / top-k / top-p). Greedy drafts are their argmax.
+            Given as `sparse_logits` instead, the `[B, K, V]` tensor is built on first access only (greedy
+            verification compares tokens and never reads it; at batch 64 and V = 49,152 it is 88 MB per round).
         confidences: `[B, K]` c_k in (0, 1), STS temperatures applied, or `None` without a confidence head.
         confidence_logits: `[B, K]` raw confidence logits before STS (what calibration fits), or `None`.
+        sparse_logits: the same distribution as `SparseLogits` (values at a few ids per slot), or `None`.
     """
 
     tokens: torch.LongTensor
-    logits: torch.Tensor
-    confidences: torch.Tensor | None = None
-    confidence_logits: torch.Tensor | None = None
+    confidences: torch.Tensor | None
+    confidence_logits: torch.Tensor | None
+    sparse_logits: SparseLogits | None
+
+    def __init__(
+        self,
+        tokens: torch.LongTensor,
+        logits: torch.Tensor | None = None,
+        confidences: torch.Tensor | None = None,
+        confidence_logits: torch.Tensor | None = None,
+        sparse_logits: SparseLogits | None = None,
+    ) -> None:
+        if (logits is None) == (sparse_logits is None):
+            raise ValueError("a DraftBlock takes exactly one of logits [B, K, V] and sparse_logits")
+        self.tokens, self.confidences, self.confidence_logits = tokens, confidences, confidence_logits
+        self.sparse_logits = sparse_logits
+        self._logits = logits
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """`[B, K, V]` float32 draft logits (built once from `sparse_logits` when given that way)."""
+        if self._logits is None:
+            self._logits = self.sparse_logits.dense()
+        return self._logits
 
     @property
     def probs(self) -> torch.Tensor:
@@ -55,11 +106,13 @@ class DraftBlock:
 
     def truncate(self, num_tokens: int) -> "DraftBlock":
         """The first `num_tokens` drafts of every row."""
+        dense = self._logits is not None
         return DraftBlock(
             tokens=self.tokens[:, :num_tokens],
-            logits=self.logits[:, :num_tokens],
+            logits=self._logits[:, :num_tokens] if dense else None,
             confidences=None if self.confidences is None else self.confidences[:, :num_tokens],
             confidence_logits=None if self.confidence_logits is None else self.confidence_logits[:, :num_tokens],
+            sparse_logits=None if dense else self.sparse_logits.truncate(num_tokens),
         )
 
 

@@ -51,7 +51,8 @@ from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS, dynamic_rope_u
 from transformers.utils import ModelOutput, logging
 
 from .configuration_dspark import DSparkConfig
-from .drafting import DraftBlock, DSparkContextCache
+from .draft_head import DraftHead, parse_draft_head_dtype
+from .drafting import DraftBlock, DSparkContextCache, SparseLogits
 from .release_format import dequantize_release_state, is_int8_release
 from .sequential_heads import ConfidenceHead, build_sequential_head
 
@@ -289,7 +290,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
     Typical use::
 
         drafter = DSparkDrafter.from_target(target, block_size=7, num_hidden_layers=2, markov_rank=256)
-        out = target.generate(**inputs, assistant_model=drafter)   # after `import dspark_hf`
+        out = target.generate(**inputs, assistant_model=drafter)   # batch 1 (the hook: see candidate_generator)
 
     The drafter must be bound to its target (`bind_target`) before drafting; `from_target` and the generation entry
     points do it for you.
@@ -320,11 +321,17 @@ class DSparkDrafter(DSparkPreTrainedModel):
             with_markov = self.markov_head is not None and config.confidence_head_with_markov
             self.confidence_head = ConfidenceHead(d + (config.markov_rank if with_markov else 0), uses_features=with_markov)
         self._bound: dict[str, nn.Module] = {}
-        self._draft_head_dtype: torch.dtype | None = None
-        self._draft_head: tuple | None = None  # (source weight, key, W, b): the rows / dtype of the base logits
+        self._draft_head_dtype: torch.dtype | None = None  # see set_draft_head_dtype
+        self._draft_head: tuple | None = None  # (source weight, key, W, b): the head rows the drafts use
+        self._draft_kernel: tuple | None = None  # (source weight, key, DraftHead): those rows in the drafting dtype
         self.last_speculation_stats = None  # set by generate(assistant_model=self): see SpeculationStats
         self.post_init()
         self.set_sts_temperatures(config.sts_temperatures)
+        # `generate(assistant_model=self)` needs the candidate-generator hook; `import dspark_hf` installs it, and a
+        # trust_remote_code copy of this file (in a process that may never import dspark_hf) installs it here.
+        from .candidate_generator import install_generate_hook
+
+        install_generate_hook()
 
     # ------------------------------------------------------------------ loading
     @classmethod
@@ -419,12 +426,17 @@ class DSparkDrafter(DSparkPreTrainedModel):
     # Set by `dspark_hf.hub.card` (on `import dspark_hf`): writes README.md, the generated model card. A copy of this
     # file loaded with trust_remote_code has none, and then saves no card.
     _model_card_writer: Callable[..., Any] | None = None
+    # Set by `dspark_hf.hub.remote_code` (on `import dspark_hf`): writes custom_generate/ (the batched loop as a
+    # transformers custom_generate recipe). A trust_remote_code copy of this file has none and writes none.
+    _custom_generate_writer: Callable[..., Any] | None = None
 
     def save_pretrained(self, save_directory, *args, model_card: bool | dict = True, **kwargs):
         """`PreTrainedModel.save_pretrained` (config, weights without the target's embedding / head, and the
-        trust_remote_code files), plus `README.md`: the model card `dspark_hf.hub.card.write_model_card` generates
-        (settings, the target as `base_model`, usage; `model_card={...}` passes its options: metrics, calibration,
-        license, datasets, ...). `model_card=False` writes none. `push_to_hub=True` uploads that card too."""
+        trust_remote_code files), `custom_generate/` (the batched loop for `target.generate(custom_generate=folder,
+        trust_remote_code=True)`, see `dspark_hf.hub.remote_code`), plus `README.md`: the model card
+        `dspark_hf.hub.card.write_model_card` generates (settings, the target as `base_model`, usage;
+        `model_card={...}` passes its options: metrics, calibration, license, datasets, ...). `model_card=False` writes
+        none. `push_to_hub=True` uploads that card too."""
         push = kwargs.pop("push_to_hub", False)
         main = args[0] if args else kwargs.get("is_main_process", True)
         writer = type(self)._model_card_writer if model_card is not False else None
@@ -441,6 +453,8 @@ class DSparkDrafter(DSparkPreTrainedModel):
             options.setdefault("repo_id", hub["repo_id"])
         with self.portable_target() if hub else contextlib.nullcontext():
             result = super().save_pretrained(save_directory, *args, **kwargs)
+            if main and type(self)._custom_generate_writer is not None:
+                type(self)._custom_generate_writer(save_directory)
             if main and writer is not None:
                 writer(self, save_directory, **options)
         if hub:
@@ -559,7 +573,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         validate_draft_vocab(ids, self.config.draft_vocab_size, self.config.vocab_size)
         with torch.no_grad():
             self.d2t.copy_(ids.to(self.d2t.device))
-        self._draft_head = None
+        self._draft_head = self._draft_kernel = None
 
     @property
     def t2d(self) -> torch.Tensor | None:
@@ -612,6 +626,14 @@ class DSparkDrafter(DSparkPreTrainedModel):
         embed, head = target.get_input_embeddings(), target.get_output_embeddings()
         if embed is None or head is None:
             raise ValueError("the target must expose input embeddings and an LM head (get_output_embeddings()).")
+        offloaded = [what for what, module in (("input embedding", embed), ("LM head", head))
+                     if getattr(getattr(module, "weight", None), "device", None) == torch.device("meta")]
+        if offloaded:  # accelerate offload (device_map with "disk" / "cpu" next to a GPU): weights exist in forwards only
+            raise ValueError(
+                f"the target's {' and '.join(offloaded)} is offloaded (its weights are on the meta device between "
+                "forwards), but the drafter reads them directly every round: keep both on the device that runs the "
+                "target and offload decoder layers only, e.g. device_map={'model.embed_tokens': 0, 'lm_head': 0, "
+                "'model.norm': 0, 'model.rotary_emb': 0, 'model.layers': 'disk'} (names vary by architecture)")
         if self.d2t is not None:
             validate_draft_vocab(self.d2t, cfg.draft_vocab_size, int(head.weight.shape[0]))
 
@@ -641,13 +663,17 @@ class DSparkDrafter(DSparkPreTrainedModel):
         head = self._require_bound()[1]
         return head(hidden.to(head.weight.dtype))
 
-    def _head_rows(self, dtype: torch.dtype | None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _head_key(self, weight: torch.Tensor) -> tuple:
+        """What the cached head rows depend on: the head's values and device, and the `d2t` mapping."""
+        return (weight._version, weight.device,
+                None if self.d2t is None else (self.d2t._version, self.d2t.device, self.d2t.data_ptr()))
+
+    def _head_rows(self, dtype: torch.dtype | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The LM-head weight (and bias) rows the drafts use: all V, or the `d2t` rows, in `dtype` (None = as is).
         Cached, detached (the head is frozen); rebuilt when the head, its values, `d2t` or the dtype change."""
         head = self._require_bound()[1]
         weight, bias = head.weight, getattr(head, "bias", None)
-        meta = (weight._version, weight.device, dtype,
-                None if self.d2t is None else (self.d2t._version, self.d2t.device, self.d2t.data_ptr()))
+        meta = (self._head_key(weight), dtype)
         cached = self._draft_head
         if cached is None or cached[0] is not weight or cached[1] != meta:
             w, b = weight.detach(), None if bias is None else bias.detach()
@@ -667,24 +693,56 @@ class DSparkDrafter(DSparkPreTrainedModel):
         weight, bias = self._head_rows(None)
         return nn.functional.linear(hidden.to(weight.dtype), weight, bias)
 
-    def set_draft_head_dtype(self, dtype: torch.dtype | None) -> None:
-        """Drafts' base logits from a copy of the target's LM head in `dtype` (e.g. `torch.bfloat16`).
+    @property
+    def draft_head_dtype(self) -> torch.dtype | None:
+        """The weight dtype of the drafts' base logits (`set_draft_head_dtype`); `None` = the target's head as is."""
+        return self._draft_head_dtype
 
-        On a CPU the K-row product with the LM head (V x d) is memory-bound and the largest part of a drafting round;
-        a bf16 copy halves its reads. Decoding stays lossless: verification uses exactly the logits the drafts were
-        drawn from; only which drafts are proposed (so acceptance) may change slightly. The copy is made lazily, is
-        never saved, and follows the bound target. `None` (default) uses the head as it is. Training is unaffected.
+    def set_draft_head_dtype(self, dtype: torch.dtype | str | None) -> None:
+        """Drafts' base logits from the target's LM-head rows in another weight dtype: a runtime option (never saved,
+        training unaffected), `None` by default.
+
+        On a CPU the K-row product with the LM head (V x d) is the largest part of a drafting round
+        (`scripts/bench_round_overhead.py`: 22 of the 29 points a batch-1 round costs beyond the target's forward on
+        SmolLM2-135M, fp32). Fewer bytes per weight make it cheaper (`models/draft_head.py` has the kernels):
+
+        * `torch.int8` / `"int8"` (CPU only): fbgemm's int8 GEMM, weights int8 per row, activations quantized
+          dynamically per call. The cheapest on a CPU (the head about 4x cheaper than fp32; argmax as fp32's on
+          98.5-99.6% of slots on SmolLM2 drafter states).
+        * `torch.float16` / `"float16"`: fp16 weights (fbgemm's fp16 GEMM on a CPU, fp32 accumulation: logits within
+          4e-3 of fp32, same argmax; a half copy elsewhere). About 2.3x cheaper than fp32 on a CPU.
+        * `torch.bfloat16`: a bf16 copy: for hardware with bf16 GEMMs (GPUs, AMX CPUs); slower on an AVX2-only CPU.
+        * `torch.float32`: an fp32 copy (e.g. for a low-precision target). `None`: the target's head as it is.
+
+        Lossless whatever the dtype: the drafts are drawn from (greedy: are the argmax of) the distribution these
+        logits give, and `DraftBlock.logits` carries exactly that distribution to verification; only which drafts
+        are proposed, so acceptance, may change. The rows are prepared on the first draft (int8: a quantized copy of
+        V x d bytes; float16: 2 V x d bytes) and follow the bound target, its values and the draft vocabulary.
         """
+        dtype = parse_draft_head_dtype(dtype)
+        if dtype == torch.int8 and self._bound and self._bound["lm_head"].weight.device.type != "cpu":
+            raise ValueError(f"draft head dtype int8 runs on the CPU only (fbgemm); the target's head is on "
+                             f"{self._bound['lm_head'].weight.device}: use float16 or bfloat16 there")
         self._draft_head_dtype = dtype
-        self._draft_head = None
+        self._draft_head = self._draft_kernel = None
+
+    def draft_head_kernel(self) -> DraftHead:
+        """The kernel behind `draft_logits` (cached; rebuilt when the head, its values, `d2t` or the dtype change)."""
+        head = self._require_bound()[1]
+        weight = head.weight
+        meta = (self._head_key(weight), self._draft_head_dtype)
+        cached = self._draft_kernel
+        if cached is None or cached[0] is not weight or cached[1] != meta:
+            rows, bias = self._head_rows(None)
+            self._draft_kernel = cached = (weight, meta, DraftHead(rows, bias, self._draft_head_dtype))
+        return cached[2]
 
     def draft_logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Base draft logits `[..., Vd]` (float32; Vd = V without a reduced draft vocabulary) of drafter states, in
-        the dtype set by `set_draft_head_dtype`."""
+        """Base draft logits `[..., Vd]` (float32; Vd = V without a reduced draft vocabulary) of drafter states, with
+        the head weights in the dtype set by `set_draft_head_dtype`."""
         if self._draft_head_dtype is None and self.d2t is None:
             return self.lm_head(hidden).float()
-        weight, bias = self._head_rows(self._draft_head_dtype)
-        return nn.functional.linear(hidden.to(weight.dtype), weight, bias).float()
+        return self.draft_head_kernel()(hidden)
 
     def set_sts_temperatures(self, temperatures: Sequence[float] | None) -> None:
         """Stores STS temperatures (one per block position) in the config and the runtime buffer."""
@@ -975,10 +1033,11 @@ class DSparkDrafter(DSparkPreTrainedModel):
             tokens.append(token)
             logits.append(step_logits)
         stacked = torch.stack(logits, dim=1)
+        sparse = None
         if compact:  # the exact draft distribution: softmax over the candidates / draft ids, zero elsewhere
-            full = base_logits.new_full((b, num_drafts, vocab), float("-inf"))
-            stacked = (full.scatter(2, cand_targets, stacked.float()) if restrict
-                       else full.index_copy(2, d2t, stacked.float()))
+            # kept sparse: the [B, K, V] tensor is built only if someone reads it (greedy verification does not)
+            ids = cand_targets if restrict else d2t.expand(b, num_drafts, -1)
+            sparse, stacked = SparseLogits(stacked.float(), ids, vocab), None
         raw = confidences = None
         if self.confidence_head is not None:
             # c_k reads h_k and W1[x_{k-1}]; it does not steer sampling, so it is scored once for the whole block.
@@ -994,6 +1053,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
             logits=stacked,
             confidences=confidences,
             confidence_logits=raw,
+            sparse_logits=sparse,
         )
 
 

@@ -14,7 +14,9 @@ target's own greedy output token for token.
 from __future__ import annotations
 
 import argparse
+import os
 import time
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,7 +26,7 @@ from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedModel
 from ..models.modeling_dspark import DSparkDrafter
 
 __all__ = ["DEFAULT_PROMPTS", "DemoRow", "DemoSetup", "build_toy_pair", "format_rows", "main", "prepare_demo",
-           "run_demo"]
+           "run_demo", "save_toy_pair", "toy_tokenizer"]
 
 DEFAULT_PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.",
@@ -58,6 +60,32 @@ def build_toy_pair(seed: int = 0) -> tuple[PreTrainedModel, DSparkDrafter]:
     target.generation_config.pad_token_id = 0
     drafter = DSparkDrafter.from_target(target, block_size=7, num_hidden_layers=1, draft_candidates=64).eval()
     return target, drafter
+
+
+def toy_tokenizer(vocab_size: int = 2048):
+    """A word-level tokenizer for the toy target, built in memory: "<pad>" (0), "<eos>" (1), then "w2".."w{V-1}"."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {"<pad>": 0, "<eos>": 1, **{f"w{i}": i for i in range(2, vocab_size)}}
+    backend = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<pad>"))
+    backend.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    return PreTrainedTokenizerFast(tokenizer_object=backend, pad_token="<pad>", eos_token="<eos>")
+
+
+def save_toy_pair(folder: str | os.PathLike, seed: int = 0) -> Path:
+    """The toy pair (`build_toy_pair`, with `toy_tokenizer`) saved as `folder/toy-target` and `folder/toy-drafter`;
+    the drafter records the target folder, so `dspark_hf.load_pair(<returned drafter folder>)` loads both with no
+    download (what the example notebooks run where no real target is cached)."""
+    folder = Path(folder)
+    target, _ = build_toy_pair(seed)
+    target.save_pretrained(folder / "toy-target")
+    toy_tokenizer(target.config.vocab_size).save_pretrained(folder / "toy-target")
+    target = type(target).from_pretrained(folder / "toy-target")  # its config now names the folder
+    torch.manual_seed(seed)
+    drafter = DSparkDrafter.from_target(target, block_size=7, num_hidden_layers=1, draft_candidates=64)
+    drafter.save_pretrained(folder / "toy-drafter")
+    return folder / "toy-drafter"
 
 
 def _timed_generate(target, inputs, **kwargs) -> tuple[torch.Tensor, float]:
@@ -133,7 +161,8 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
                  draft_head_dtype: str | torch.dtype | None = None) -> DemoSetup:
     """The demo's target and drafter: the toy pair (`toy`), or the target (`load_target`: registry name or folder)
     with the drafter folder `drafter`, else with its release drafter (`ValueError` when it has none).
-    `draft_head_dtype` (`"bfloat16"`, `"float32"` or a dtype) goes to `DSparkDrafter.set_draft_head_dtype`."""
+    `draft_head_dtype` (`"int8"`, `"float16"`, `"bfloat16"`, `"float32"` or a dtype) goes to
+    `DSparkDrafter.set_draft_head_dtype`."""
     from .release import RELEASES, load_release_drafter
 
     torch.manual_seed(0)
@@ -154,9 +183,7 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
             drafter_model = load_release_drafter(target, target_model)
             description = (f"target {target} with its release DSpark drafter "
                            f"(block {drafter_model.config.block_size}, {drafter_model.config.sequential_head} head)")
-    if isinstance(draft_head_dtype, str):
-        draft_head_dtype = getattr(torch, draft_head_dtype)
-    drafter_model.set_draft_head_dtype(draft_head_dtype)
+    drafter_model.set_draft_head_dtype(draft_head_dtype)  # (a dtype name works too)
     return DemoSetup(target_model, drafter_model, tokenizer, description)
 
 
@@ -172,8 +199,9 @@ def main(argv: list[str] | None = None) -> list[DemoRow]:
     parser.add_argument("--toy", action="store_true", help="random toy target + untrained drafter (no download)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--prompt", action="append", help="prompt text (repeatable)")
-    parser.add_argument("--draft-head-dtype", choices=["bfloat16", "float32"],
-                        help="draft from a copy of the LM head in this dtype (default: the head itself; lossless)")
+    parser.add_argument("--draft-head-dtype", choices=["int8", "float16", "bfloat16", "float32"],
+                        help="draft from the LM head in this weight dtype (int8 / float16: fbgemm kernels, the "
+                             "cheapest drafting rounds on a CPU; default: the head itself; lossless either way)")
     args = parser.parse_args(argv)
     if not args.toy and not args.drafter and args.target not in RELEASES:
         parser.error(f"no release drafter for {args.target!r}: pass --drafter FOLDER (or use --toy)")

@@ -108,7 +108,8 @@ def portable_release_target(config) -> dict[str, Any]:
 def release_card_options(drafter, size_bytes: int | None = None, quantized: tuple[str, ...] = QUANTIZED,
                          out_dir: str | Path | None = None) -> dict:
     """Model-card options every release card shares: license (the registry's), the storage line, and for the
-    package's own release folder (`out_dir`) usage code that finds it with `release_path`."""
+    package's own release folder (`out_dir`) usage code that finds it with `release_path` (and no remote-code
+    usage: that folder carries none)."""
     from .targets import TARGETS
 
     aliases = drafter.config.target_aliases or []
@@ -124,18 +125,21 @@ def release_card_options(drafter, size_bytes: int | None = None, quantized: tupl
         shipped = RELEASE_DIR / RELEASES.get(spec.name, "")
         if spec.name in RELEASES and out_dir is not None and Path(out_dir).resolve().name == shipped.name:
             options.update(usage_setup="from dspark_hf.testbed.release import release_path",
-                           usage_ref=f'release_path("{spec.name}")')
+                           usage_ref=f'release_path("{spec.name}")', remote_code=False)
     return options
 
 
 def export_release(drafter_dir: str | Path, out_dir: str | Path, dtype: torch.dtype = torch.bfloat16,
                    max_bytes: int = MAX_RELEASE_BYTES, quantized: tuple[str, ...] = QUANTIZED,
-                   model_card: dict | bool = True) -> Path:
+                   model_card: dict | bool = True, remote_code: bool = True) -> Path:
     """Writes the drafter at `drafter_dir` to `out_dir`: `quantized` tensors as int8 rows, the rest in `dtype`, its
     target recorded portably (`portable_release_target`) and its generated model card as `README.md` (`model_card`:
     options of `dspark_hf.hub.card.build_model_card`, e.g. `metrics` / `calibration` / `throughput` results files;
-    `False`: no card). Refuses (and leaves `out_dir` untouched) when the result would exceed `max_bytes`. The old
-    release, if any, is replaced only after the new one is complete."""
+    `False`: no card). `remote_code`: also the trust_remote_code files (`auto_map`) and `custom_generate/`, as
+    `save_pretrained` writes them, so the folder runs with transformers alone once uploaded; without them the config
+    records no `auto_map` (the package's own release folders: they load through dspark_hf, and copies of its code
+    in git would go stale). Refuses (and leaves `out_dir` untouched) when the result would exceed `max_bytes`. The
+    old release, if any, is replaced only after the new one is complete."""
     from safetensors.torch import save_file
 
     from ..models.modeling_dspark import DSparkDrafter
@@ -156,15 +160,27 @@ def export_release(drafter_dir: str | Path, out_dir: str | Path, dtype: torch.dt
     tmp = out_dir.parent / f".{out_dir.name}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
-    drafter.config.save_pretrained(tmp)
-    for code in tmp.glob("*.py"):  # no remote code: the int8 format loads through dspark_hf (from_pretrained)
-        code.unlink()
+    if remote_code:
+        from transformers.dynamic_module_utils import custom_object_save
+
+        from ..hub.remote_code import write_custom_generate
+
+        custom_object_save(drafter, tmp, config=drafter.config)  # modeling files + auto_map, as save_pretrained
+        write_custom_generate(tmp)
+        drafter.config.save_pretrained(tmp)
+    else:
+        drafter.config.save_pretrained(tmp)
+        for code in tmp.glob("*.py"):  # no remote code: the folder loads through dspark_hf (from_pretrained)
+            code.unlink()
+        config = json.loads((tmp / "config.json").read_text())
+        config.pop("auto_map", None)  # so nothing points at code files the folder does not have
+        (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt", RELEASE_METADATA_KEY: INT8_ROWS})
     if model_card is not False:
         from ..hub.card import write_model_card
 
         options = {**release_card_options(drafter, folder_bytes(tmp), quantized, out_dir),
-                   **(model_card if isinstance(model_card, dict) else {})}
+                   "remote_code": remote_code, **(model_card if isinstance(model_card, dict) else {})}
         if not options.get("repo_id"):
             options.setdefault("usage_ref", json.dumps(f"./{out_dir.name}"))  # not the temporary folder's name
         write_model_card(drafter, tmp, **options)
@@ -188,4 +204,4 @@ def export_target_release(drafter_dir: str | Path, target_name: str, model_card:
     e.g. the results files of its metrics). Returns that folder."""
     if target_name not in RELEASES:
         raise KeyError(f"no release folder for target {target_name!r}; releases exist for {sorted(RELEASES)}")
-    return export_release(drafter_dir, RELEASE_DIR / RELEASES[target_name], model_card=model_card)
+    return export_release(drafter_dir, RELEASE_DIR / RELEASES[target_name], model_card=model_card, remote_code=False)

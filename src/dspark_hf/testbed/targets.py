@@ -197,7 +197,7 @@ def _require_gguf() -> None:
     try:
         import gguf  # noqa: F401
     except ImportError:
-        raise ImportError("Converting a GGUF target needs the `gguf` package: pip install 'dspark-hf[quant]' "
+        raise ImportError("Converting a GGUF target needs the `gguf` package: pip install 'dspark-hf[gguf]' "
                           "(or pip install gguf). Loading an already converted target does not.") from None
 
 

@@ -371,8 +371,9 @@ def save_pretrained_in_place(model, folder: str | Path, **save_kwargs) -> Path:
 
     Everything is first written into a temporary sibling folder `.<name>.calibrating` (same file system); only when
     that succeeded is each written file moved over its namesake in `folder` with `os.replace` (atomic per file).
-    Files of `folder` that `save_pretrained` does not write (a calibration report, notes) are kept. On failure the
-    temporary folder is removed and `folder` is as it was.
+    Files of `folder` that `save_pretrained` does not write (a calibration report, notes) are kept; a subfolder it
+    writes (`custom_generate/`) replaces the old one whole (two renames). On failure the temporary folder is removed
+    and `folder` is as it was.
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
@@ -381,7 +382,15 @@ def save_pretrained_in_place(model, folder: str | Path, **save_kwargs) -> Path:
     try:
         model.save_pretrained(tmp, **save_kwargs)
         for item in sorted(tmp.iterdir()):  # replace the model's files, keep anything else in the folder
-            os.replace(item, folder / item.name)
+            dest = folder / item.name
+            if item.is_dir() and dest.is_dir():  # e.g. custom_generate/: os.replace cannot replace a full folder
+                old = folder.parent / f".{folder.name}.{item.name}.old"
+                shutil.rmtree(old, ignore_errors=True)
+                os.replace(dest, old)
+                os.replace(item, dest)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(item, dest)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     return folder

@@ -6,9 +6,27 @@ target just verified to the drafter's context cache, and drafts one block from t
 own assisted-decoding loop then verifies the block (greedy match, or its speculative-sampling rule against our exact
 processed draft logits), handles EOS, stopping criteria, `max_new_tokens` and `streamer`.
 
-`generate()` offers no argument for a custom candidate generator, so `install_generate_hook()` (run on
-`import dspark_hf`) wraps `GenerationMixin._get_candidate_generator`: when the assistant is a `DSparkDrafter` it
-returns ours, otherwise it calls the original unchanged. Batch size > 1 raises and points to `dspark_hf.generate`.
+transformers' assistant settings, read from the generation config of the call (`generate(..., name=value)` or
+`target.generation_config`):
+
+* `num_assistant_tokens` caps the drafts per round (`min(block_size, num_assistant_tokens)`); transformers' default
+  20 leaves every block of up to 20 drafts whole. `num_assistant_tokens_schedule` other than "constant" is refused
+  (the adaptive lengths of this package are the policies of `dspark_hf.generate`).
+* `assistant_confidence_threshold = t` is DSpark's threshold policy: a round proposes the drafts whose calibrated
+  prefix survival `prod_{i<=j} c_i` (confidence head, STS applied) is at least `t`. transformers fills in its default
+  0.4 whether or not the caller set it, so exactly 0.4 (and `None` / 0) reads as "not set" and leaves the block
+  whole; a drafter without a confidence head refuses any other value.
+
+`generate()` offers no argument for a custom candidate generator, so `install_generate_hook()` wraps private
+`GenerationMixin` methods: `_get_candidate_generator` returns ours when the assistant is a DSpark drafter and calls the
+original otherwise; `_extract_generation_mode_kwargs` hands the `streamer` on to a `custom_generate` callable that
+asks for it (transformers streams the prompt, then drops the streamer for callables). The hook is installed by
+`import dspark_hf` and by the first `DSparkDrafter` built, so a drafter loaded with `trust_remote_code=True` in a
+process that never imports dspark_hf generates too. Any copy of the drafter class (the package's, a remote-code
+folder's, a `custom_generate/` folder's) is recognised by its config's `model_type`. Batch size > 1 raises and points
+to `dspark_hf.generate`.
+
+Imports nothing from `dspark_hf` by absolute path: it travels with `modeling_dspark.py` into trust_remote_code folders.
 """
 
 from __future__ import annotations
@@ -19,17 +37,59 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+from transformers import GenerationConfig
 from transformers.generation.candidate_generator import CandidateGenerator
 from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLengthCriteria, MaxTimeCriteria,
                                                        StoppingCriteriaList)
 from transformers.generation.utils import GenerationMixin
 
-from ..models.modeling_dspark import DSparkDrafter
+from .modeling_dspark import DSparkDrafter
 
-__all__ = ["DSparkCandidateGenerator", "SpeculationStats", "install_generate_hook"]
+__all__ = ["DSparkCandidateGenerator", "SpeculationStats", "install_generate_hook", "is_dspark_drafter"]
 
 # Stopping criteria of the running `_assisted_decoding` call, handed to our candidate generator (see install_generate_hook).
 _STOPPING_CRITERIA: contextvars.ContextVar[Any] = contextvars.ContextVar("dspark_stopping_criteria", default=None)
+
+
+def is_dspark_drafter(model: Any) -> bool:
+    """A `DSparkDrafter` of this file or of any copy of it (each trust_remote_code copy is its own class)."""
+    if isinstance(model, DSparkDrafter):
+        return True
+    return getattr(getattr(model, "config", None), "model_type", None) == "dspark" and callable(
+        getattr(model, "draft", None))
+
+
+def _transformers_default(name: str) -> Any:
+    """The value transformers' generate() fills in for an unset assistant setting."""
+    return GenerationConfig._get_default_generation_params().get(name)
+
+
+def assistant_settings(drafter: Any, generation_config: Any) -> tuple[int, float | None]:
+    """`(max drafts per round, prefix-survival threshold or None)` from transformers' assistant settings of the call;
+    `ValueError` for those this path cannot honour."""
+    schedule = getattr(generation_config, "num_assistant_tokens_schedule", None)
+    if schedule not in (None, "constant"):
+        raise ValueError(
+            f"num_assistant_tokens_schedule={schedule!r} is not supported with a DSpark drafter: it drafts up to "
+            f"block_size={drafter.config.block_size} tokens per round (num_assistant_tokens caps that). For lengths "
+            "that adapt per round use dspark_hf.generate(target, drafter, ..., policy='threshold' | 'scheduled').")
+    cap = getattr(generation_config, "num_assistant_tokens", None)
+    max_drafts = drafter.config.block_size
+    if cap is not None:
+        if int(cap) != cap or cap < 0:
+            raise ValueError(f"num_assistant_tokens must be a non-negative integer, got {cap!r}")
+        max_drafts = min(max_drafts, int(cap))
+    threshold = getattr(generation_config, "assistant_confidence_threshold", None)
+    if threshold is None or threshold == 0 or threshold == _transformers_default("assistant_confidence_threshold"):
+        return max_drafts, None
+    if not 0.0 < float(threshold) <= 1.0:
+        raise ValueError(f"assistant_confidence_threshold must be in (0, 1], got {threshold!r}")
+    if getattr(drafter, "confidence_head", None) is None:
+        raise ValueError(
+            f"assistant_confidence_threshold={threshold} needs a drafter with a confidence head (it cuts each block "
+            "where the predicted prefix survival drops below the threshold); this drafter has none "
+            "(DSparkConfig.confidence_head=False). Leave the setting unset or at transformers' default 0.4.")
+    return max_drafts, float(threshold)
 
 
 @dataclass
@@ -101,6 +161,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         logits_processor: Any = None,
         stopping_criteria: Any = None,
     ) -> None:
+        self.max_drafts, self.threshold = assistant_settings(drafter, generation_config)
         if not drafter.bound_to(target):
             drafter.bind_target(target)
         self.drafter = drafter
@@ -111,6 +172,12 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.logits_processor = logits_processor if logits_processor is not None and len(logits_processor) else None
         self.stopping_criteria = stopping_criteria if stopping_criteria is not None and len(stopping_criteria) else None
         self._stop = None if self.stopping_criteria is None else _StopRules.split(self.stopping_criteria)
+        # transformers reads the draft logits to verify by sampling or to mix them in (assistant_ensemble_weight); a
+        # per-draft stopping criterion gets them as its scores. Greedy verification compares tokens only, so then a
+        # sparse drafter's [1, K, V] logits are never built.
+        ensemble = getattr(generation_config, "assistant_ensemble_weight", None)
+        self._needs_logits = (self.do_sample or ensemble is not None
+                              or (self._stop is not None and self._stop.per_token is not None))
         self.cache = drafter.new_cache()
         self.prefilled = False
         self.stats = SpeculationStats()
@@ -135,9 +202,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self._append_verified_rows(input_ids, model_kwargs or {}, model_outputs, n_last_matches)
 
         budget = self.max_length - input_ids.shape[1] - 1  # leave room for the target's own token
-        if budget <= 0:
+        num_drafts = min(self.max_drafts, budget)
+        if num_drafts <= 0:
             return input_ids, None
-        num_drafts = min(self.drafter.config.block_size, budget)
         device = self.drafter.device
         block = self.drafter.draft(
             self.cache,
@@ -147,14 +214,19 @@ class DSparkCandidateGenerator(CandidateGenerator):
             prefix_ids=input_ids.to(device),
             num_drafts=num_drafts,
         )
-        tokens, logits = block.tokens.to(input_ids.device), block.logits
-        keep = self._drafts_before_stop(input_ids, tokens, logits)
+        tokens, logits = block.tokens.to(input_ids.device), block.logits if self._needs_logits else None
+        if self.threshold is not None:  # the threshold policy: drafts whose prefix survival a_j >= t (a prefix)
+            survival = block.survival
+            keep = int((survival[0, : tokens.shape[1]] >= self.threshold).sum()) if survival is not None else 0
+            tokens, logits = tokens[:, :keep], None if logits is None else logits[:, :keep]
+        keep = self._drafts_before_stop(input_ids, tokens, logits) if tokens.shape[1] else 0
         self._proposed = keep
         if keep == 0:
             return input_ids, None
-        return torch.cat([input_ids, tokens[:, :keep]], dim=-1), logits[:, :keep]
+        return torch.cat([input_ids, tokens[:, :keep]], dim=-1), None if logits is None else logits[:, :keep]
 
-    def _drafts_before_stop(self, input_ids: torch.LongTensor, tokens: torch.LongTensor, logits: torch.Tensor) -> int:
+    def _drafts_before_stop(self, input_ids: torch.LongTensor, tokens: torch.LongTensor,
+                            logits: torch.Tensor | None) -> int:
         """Number of drafts to propose so that no stopping criterion fires *inside* the verified block.
 
         transformers checks stopping criteria only after a whole round; a draft that completes a stop condition would
@@ -225,7 +297,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
 
 
 def install_generate_hook() -> None:
-    """Makes `generate(assistant_model=<DSparkDrafter>)` use `DSparkCandidateGenerator`. Idempotent."""
+    """Makes `generate(assistant_model=<DSparkDrafter>)` use `DSparkCandidateGenerator`, and hands `streamer` on to
+    `custom_generate` callables marked `_dspark_takes_streamer`. Idempotent (also across copies of this file)."""
     original = GenerationMixin._get_candidate_generator
     if getattr(original, "_dspark_hook", False):
         return
@@ -233,7 +306,7 @@ def install_generate_hook() -> None:
     @functools.wraps(original)
     def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                                  assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
-        if isinstance(assistant_model, DSparkDrafter):
+        if is_dspark_drafter(assistant_model):
             if input_ids.shape[0] != 1:
                 raise ValueError(
                     f"target.generate(assistant_model=<DSparkDrafter>) runs transformers' assisted decoding, which "
@@ -262,14 +335,35 @@ def install_generate_hook() -> None:
 
     @functools.wraps(original_validate)
     def _validate_generation_mode(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs):
-        # Check the drafter's target fingerprint before transformers' generic checks, whose message for a vocab
-        # mismatch ("different tokenizers") would point the user in the wrong direction.
+        # Check the drafter's target fingerprint and assistant settings before transformers' generic checks, whose
+        # message for a vocab mismatch ("different tokenizers") would point the user in the wrong direction.
         drafter = (generation_mode_kwargs or {}).get("assistant_model")
-        if isinstance(drafter, DSparkDrafter):
+        if is_dspark_drafter(drafter):
             drafter.check_target(self)
+            assistant_settings(drafter, generation_config)
         return original_validate(self, generation_mode, generation_config, generation_mode_kwargs, *args, **kwargs)
+
+    original_extract = GenerationMixin._extract_generation_mode_kwargs
+
+    @functools.wraps(original_extract)
+    def _extract_generation_mode_kwargs(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer):
+        # transformers streams the prompt itself, then passes a custom_generate callable only the arguments its
+        # signature adds to `_sample`'s, so `streamer` would be lost; ours take it (knowing the prompt was streamed).
+        if is_dspark_drafter(assistant_model) and kwargs.get("tree_budget") is not None:
+            raise ValueError(
+                "tree_budget: transformers' assisted decoding verifies chains only (one candidate sequence under a "
+                "causal mask, its cache cropped to a prefix), so it cannot verify tree drafts. Trees run in "
+                "dspark_hf's batched loop, batch size 1 included: dspark_hf.generate(target, drafter, **inputs, "
+                "tree_budget=N) or target.generate(**inputs, custom_generate=dspark_hf.speculative_generate, "
+                "drafter=drafter, tree_budget=N)."
+            )
+        found = original_extract(self, custom_generate, kwargs, synced_gpus, assistant_model, streamer)
+        if streamer is not None and getattr(custom_generate, "_dspark_takes_streamer", False):
+            found["streamer"] = streamer
+        return found
 
     _get_candidate_generator._dspark_hook = True  # type: ignore[attr-defined]
     GenerationMixin._validate_generation_mode = _validate_generation_mode
+    GenerationMixin._extract_generation_mode_kwargs = _extract_generation_mode_kwargs
     GenerationMixin._get_candidate_generator = _get_candidate_generator
     GenerationMixin._assisted_decoding = _assisted_decoding

@@ -1,0 +1,240 @@
+"""Tree verification and tree scheduling: pure math (`dspark_hf.decoding.tree_verification`, `scheduler.*_tree`).
+
+* a chain as a tree verifies exactly as `greedy_verify` / `rejection_verify` (same tokens, same random numbers);
+* greedy: the accepted path may leave the chain, the kept columns are the anchor and that path;
+* sampling: over 200k independent trees, the first two emitted tokens follow the enumerated target joint (a verifier
+  given the wrong proposals fails the same bound);
+* scheduling: on chains the tree policies equal the prefix policies; under load trees shrink to chains, then to
+  nothing; a node's admission never depends on its own subtree (Appendix A's non-anticipation, for trees).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from dspark_hf import DraftBlock, greedy_verify, rejection_verify
+from dspark_hf.decoding.scheduler import (async_lengths, async_tree, schedule_prefix, schedule_tree,
+                                          threshold_lengths, threshold_tree)
+from dspark_hf.decoding.tree import DraftTree
+from dspark_hf.decoding.tree_verification import tree_greedy_verify, tree_rejection_verify
+
+
+def _tree(tokens, parents, logits=None, survival=None, vocab=8) -> DraftTree:
+    tokens, parents = torch.tensor(tokens), torch.tensor(parents)
+    depths = torch.zeros_like(tokens)
+    for n in range(tokens.shape[1]):  # parents precede children
+        depths[:, n] = torch.where(parents[:, n] >= 0, depths.gather(1, parents[:, n: n + 1].clamp(min=0))[:, 0] + 1, 1)
+    b, n = tokens.shape
+    return DraftTree(tokens=tokens, parents=parents, depths=depths,
+                     logits=torch.zeros(b, n, vocab) if logits is None else logits,
+                     valid=torch.ones(b, n, dtype=torch.bool), survival=survival,
+                     node_ids=torch.arange(n).expand(b, n), num_chain=n)
+
+
+# ---------------------------------------------------------------------------------------------- chains
+def test_a_chain_tree_verifies_exactly_as_the_chain_rules():
+    """Ragged chains (l_r drafts of K = 5): greedy and rejection tree verification give the chain rules' accepted
+    counts and tokens, bit for bit, with the same generator state."""
+    g = torch.Generator().manual_seed(0)
+    b, k, v = 64, 5, 6
+    tokens = torch.randint(0, v, (b, k), generator=g)
+    draft_logits = torch.randn(b, k, v, generator=g) * 2
+    target_logits = torch.randn(b, k + 1, v, generator=g) * 2
+    lengths = torch.randint(0, k + 1, (b,), generator=g)
+    block = DraftBlock(tokens=tokens, logits=draft_logits, confidences=torch.full((b, k), 0.5))
+    tree = DraftTree.from_block(block).select(torch.arange(k)[None, :] < lengths[:, None])
+    w = int(lengths.max())
+    assert tree.is_chain() and tree.tokens.shape == (b, w)
+    # greedy (with the drafts sometimes right)
+    right = torch.rand(b, k, generator=g) < 0.6
+    tokens_g = torch.where(right, target_logits[:, :k].argmax(-1), tokens)
+    tree_g = DraftTree.from_block(DraftBlock(tokens=tokens_g, logits=draft_logits)).select(
+        torch.arange(k)[None, :] < lengths[:, None])
+    ours = tree_greedy_verify(tree_g, target_logits[:, : w + 1])
+    theirs = greedy_verify(tokens_g[:, :w], target_logits[:, : w + 1], num_drafts=lengths)
+    assert torch.equal(ours.num_accepted, theirs.num_accepted) and torch.equal(ours.next_tokens, theirs.next_tokens)
+    assert (ours.num_accepted > 0).any()
+    # rejection sampling
+    target_probs = torch.softmax(target_logits[:, : w + 1], -1)
+    ours = tree_rejection_verify(tree, tree.probs, target_probs, generator=torch.Generator().manual_seed(5))
+    theirs = rejection_verify(tokens[:, :w], torch.softmax(draft_logits[:, :w], -1), target_probs, num_drafts=lengths,
+                              generator=torch.Generator().manual_seed(5))
+    assert torch.equal(ours.num_accepted, theirs.num_accepted) and torch.equal(ours.next_tokens, theirs.next_tokens)
+    assert torch.equal(ours.tokens[:, : w + 1], theirs.tokens)
+    assert torch.equal(ours.kept, torch.arange(w + 1)[None, :] < (1 + ours.num_accepted)[:, None])
+
+
+# ---------------------------------------------------------------------------------------------- greedy
+def test_greedy_accepts_a_path_that_leaves_the_chain():
+    """Row 0: chain [1, 2, 3] is wrong at depth 2; node 3 (a sibling of node 1) matches and its child node 4 too.
+    Row 1: the chain is right. The kept columns are the anchor and the path."""
+    #            node: 0  1  2  3  4
+    tokens = [[1, 2, 3, 5, 6], [1, 2, 3, 5, 6]]
+    parents = [[-1, 0, 1, 0, 3], [-1, 0, 1, 0, 3]]
+    tree = _tree(tokens, parents)
+    v = 8
+    argmax = torch.tensor([[1, 5, 0, 0, 6, 7],   # col 0: after the anchor -> 1; col 1: after node 0 -> 5 (not 2)
+                           [1, 2, 3, 4, 0, 0]])  # row 1: 1 2 3 then bonus 4
+    logits = torch.nn.functional.one_hot(argmax, v).float()
+    result = tree_greedy_verify(tree, logits)
+    assert result.num_accepted.tolist() == [3, 3]
+    assert result.tokens[0].tolist()[:4] == [1, 5, 6, 7] and result.tokens[1].tolist()[:4] == [1, 2, 3, 4]
+    assert result.path.tolist() == [[0, 3, 4], [0, 1, 2]]
+    assert result.kept.tolist() == [[True, True, False, False, True, True], [True, True, True, True, False, False]]
+
+
+# ---------------------------------------------------------------------------------------------- sampling
+V = 5
+TRIALS = 200_000
+
+
+def _sampling_setup(seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    p0 = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)            # target after the anchor
+    p1 = torch.softmax(torch.randn(V, V, generator=g) * 1.5, -1)         # target after x1 = a: p1[a]
+    q0 = torch.softmax(torch.randn(V, generator=g) * 1.5, -1)            # draft at depth 1
+    q1 = torch.softmax(torch.randn(V, V, generator=g) * 1.5, -1)         # draft at depth 2 after a
+    return p0, p1, q0, q1
+
+
+def _draw_trees(q0, q1, generator):
+    """Per trial: chain x1 ~ q0, then siblings y ~ q0 \\ {x1}, z ~ q0 \\ {x1, y} (without replacement), and a child
+    under x1 and under y drawn from q1[parent]. Nodes: 0 = x1, 1 = child of x1, 2 = y, 3 = z, 4 = child of y."""
+    n = TRIALS
+    logits0 = q0.log().expand(n, V).clone()
+    x1 = torch.multinomial(logits0.softmax(-1), 1, generator=generator).squeeze(1)
+    l_y = logits0.scatter(1, x1[:, None], float("-inf"))
+    y = torch.multinomial(l_y.softmax(-1), 1, generator=generator).squeeze(1)
+    l_z = l_y.scatter(1, y[:, None], float("-inf"))
+    z = torch.multinomial(l_z.softmax(-1), 1, generator=generator).squeeze(1)
+    l_c1, l_c2 = q1[x1].log(), q1[y].log()
+    c1 = torch.multinomial(l_c1.softmax(-1), 1, generator=generator).squeeze(1)
+    c2 = torch.multinomial(l_c2.softmax(-1), 1, generator=generator).squeeze(1)
+    tokens = torch.stack([x1, c1, y, z, c2], 1)
+    parents = torch.tensor([-1, 0, -1, -1, 2]).expand(n, 5)
+    logits = torch.stack([logits0, l_c1, l_y, l_z, l_c2], 1)
+    tree = DraftTree(tokens=tokens, parents=parents, depths=torch.tensor([1, 2, 1, 1, 2]).expand(n, 5),
+                     logits=logits, valid=torch.ones(n, 5, dtype=torch.bool), survival=None,
+                     node_ids=torch.arange(5).expand(n, 5), num_chain=2)
+    return tree
+
+
+def _target_columns(tree, p0, p1):
+    """[n, 1 + N, V]: p0 after the anchor, p1[token] after a depth-1 node, anything after a depth-2 node."""
+    n = tree.tokens.shape[0]
+    after = p1[tree.tokens]  # [n, N, V]
+    return torch.cat([p0.expand(n, 1, V), after], dim=1)
+
+
+def _tv_and_expected(codes, exact):
+    n = len(codes)
+    empirical = torch.bincount(codes, minlength=len(exact)).double() / n
+    expected = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (math.pi * n)).sum().item()
+    return 0.5 * (empirical - exact).abs().sum().item(), expected
+
+
+def test_tree_rejection_sampling_follows_the_target_joint():
+    """200k independent trees of 5 nodes (3 candidates at depth 1 drawn without replacement, one continuation under
+    two of them). The first two emitted tokens' joint over V^2 = 25 cells: TV < 3x the TV expected from exact
+    sampling with as many samples (~0.006 here). Power: the same verifier told that every sibling was drawn from the
+    parent's full q (not q without the earlier siblings) is off by more than 4x the bound; branching matters: the
+    accepted path runs through a sibling in a large share of trials."""
+    p0, p1, q0, q1 = _sampling_setup()
+    tree = _draw_trees(q0, q1, torch.Generator().manual_seed(1))
+    target = _target_columns(tree, p0, p1)
+    result = tree_rejection_verify(tree, tree.probs, target, generator=torch.Generator().manual_seed(2))
+    exact = (p0[:, None] * p1).reshape(-1).double()
+    tv, expected = _tv_and_expected(_first_two(result, p1), exact)
+    assert tv < 3 * expected, (tv, expected)
+    via_sibling = (result.path[:, 0] >= 2).float().mean().item()
+    assert via_sibling > 0.15, via_sibling
+    assert (result.num_accepted == 2).float().mean() > 0.05  # depth-2 nodes are accepted too
+    # power: wrong proposals for the siblings (their parent's q) bias the output
+    wrong = tree.logits.clone()
+    wrong[:, 2] = wrong[:, 3] = q0.log()
+    lossy = tree_rejection_verify(tree, torch.softmax(wrong, -1), target, generator=torch.Generator().manual_seed(2))
+    tv_wrong, _ = _tv_and_expected(_first_two(lossy, p1), exact)
+    assert tv_wrong > 4 * 3 * expected, (tv_wrong, expected)
+
+
+def _first_two(result, p1) -> torch.Tensor:
+    """Cell index first * V + second of the first two tokens; where a round emitted only one, the second is drawn
+    from the target (as the next round would, exactly): the joint is the target's iff the tree round is lossless."""
+    first = result.tokens[:, 0]
+    fill = torch.multinomial(p1[first], 1, generator=torch.Generator().manual_seed(3)).squeeze(1)
+    second = torch.where(result.num_accepted >= 1, result.tokens[:, 1], fill)
+    return first * V + second
+
+
+# ---------------------------------------------------------------------------------------------- scheduling
+def _sps(slope):
+    return lambda b: 1.0 / (1.0 + slope * b)
+
+
+def test_tree_policies_on_chains_equal_the_prefix_policies():
+    g = torch.Generator().manual_seed(0)
+    conf = torch.rand(32, 6, generator=g)
+    survival, valid = torch.cumprod(conf, 1), torch.ones(32, 6, dtype=torch.bool)
+    for slope in (0.0005, 0.01, 0.05):
+        lengths = schedule_prefix(conf, _sps(slope))
+        assert torch.equal(schedule_tree(survival, valid, _sps(slope)).sum(1), lengths)
+        assert torch.equal(schedule_tree(survival, valid, _sps(slope)), torch.arange(6)[None] < lengths[:, None])
+    assert torch.equal(threshold_tree(survival, valid, 0.3).sum(1), threshold_lengths(conf, 0.3))
+    stale = torch.rand(32, 6, generator=g)
+    assert torch.equal(async_tree(survival, valid, torch.cumprod(stale, 1), valid, _sps(0.01)).sum(1),
+                       async_lengths(conf, stale, _sps(0.01)))
+
+
+def test_under_load_trees_shrink_to_chains_then_to_nothing():
+    """16 rows, each a chain of 4 (c = 0.8) plus 4 alternatives of lower survival. As the cost per verified token
+    grows, the scheduler first drops alternatives, then chain drafts, and finally verifies nothing."""
+    r = 16
+    chain = torch.cumprod(torch.full((r, 4), 0.8), 1)
+    alternatives = torch.tensor([0.12, 0.06, 0.05, 0.02]).expand(r, 4)  # siblings / continuations, all below a_4
+    survival = torch.cat([chain, alternatives], 1)
+    valid = torch.ones(r, 8, dtype=torch.bool)
+    alt_counts, chain_counts = [], []
+    for slope in (0.0, 0.001, 0.01, 0.03, 0.08, 0.3, 3.0):
+        admitted = schedule_tree(survival, valid, _sps(slope))
+        alt_counts.append(int(admitted[:, 4:].sum()))
+        chain_counts.append(int(admitted[:, :4].sum()))
+        assert not (admitted[:, 4:].any() and not admitted[:, :4].all())  # alternatives only once chains are whole
+    assert alt_counts[0] == 4 * r and chain_counts[0] == 4 * r  # free verification: the whole trees
+    assert alt_counts == sorted(alt_counts, reverse=True) and chain_counts == sorted(chain_counts, reverse=True)
+    assert any(a == 0 and c == 4 * r for a, c in zip(alt_counts, chain_counts))  # chains only
+    assert alt_counts[-1] == 0 and chain_counts[-1] == 0  # nothing
+
+
+def test_a_nodes_admission_never_depends_on_its_own_subtree():
+    """Random trees with keys that never increase along first-child / next-sibling edges (creation order). Changing
+    the survivals inside node n's subtree (itself excluded; its descendants, later siblings and theirs), keeping that
+    invariant, never changes whether n is admitted, under Algorithm 1 with the break."""
+    g = torch.Generator().manual_seed(0)
+    for trial in range(60):
+        r, n = 3, 7
+        parents = torch.full((r, n), -1)
+        survival = torch.zeros(r, n)
+        for row in range(r):
+            for node in range(n):
+                parent = int(torch.randint(-1, node, (1,), generator=g)) if node else -1
+                parents[row, node] = parent
+                earlier = [m for m in range(node) if int(parents[row, m]) == parent]
+                cap = float(survival[row, earlier[-1]]) if earlier else (
+                    1.0 if parent < 0 else float(survival[row, parent]))
+                survival[row, node] = cap * float(torch.rand(1, generator=g)) ** 0.3
+        valid = torch.ones(r, n, dtype=torch.bool)
+        sps = _sps(float(torch.rand(1, generator=g)) * 0.2)
+        base = schedule_tree(survival, valid, sps)
+        row, node = int(torch.randint(0, r, (1,), generator=g)), int(torch.randint(0, n, (1,), generator=g))
+        # node's subtree in the left-child right-sibling view: later siblings, descendants of node and of them
+        sub = set()
+        for m in range(node + 1, n):
+            p = int(parents[row, m])
+            if p == int(parents[row, node]) or p == node or p in sub:
+                sub.add(m)
+        changed = survival.clone()
+        for m in sorted(sub):  # shrink the subtree's keys (keeps the invariant)
+            changed[row, m] = changed[row, m] * float(torch.rand(1, generator=g))
+        assert bool(schedule_tree(changed, valid, sps)[row, node]) == bool(base[row, node]), trial
