@@ -90,6 +90,12 @@ SECTIONS = [
      "draft-head and sparse-logits changes (a heavily loaded machine)",
      "python scripts/bench_round_overhead.py batched --concurrency 1 4 16 64 --max-new-tokens 24 "
      "--max-new-tokens-64 12 --repeats 3 --methods ours --max-prompt-len 24 --label recheck"),
+    ("tree/batch1.md", "Branching drafts (trees) vs the chain at batch 1, by node budget (issue 13)",
+     "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
+     "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1"),
+    ("tree/load.md", "Branching drafts (trees) vs the chain under load, scheduled policy (issue 13)",
+     "python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 8 --max-new-tokens 24 --repeats 1 "
+     "--threads 1"),
 ]
 
 
@@ -105,7 +111,9 @@ def collect(results_dir: str | Path = "results", out: str | Path = "RESULTS.md")
         if path.exists():
             body = path.read_text().splitlines()
             parts += [line for line in body if not line.startswith("# ")] + [""]
-            for png in sorted(path.parent.glob("*.png")):
+            pngs = sorted(path.parent.glob("*.png"))  # a folder of several tables: each shows its own plots
+            own = [png for png in pngs if png.stem.startswith(path.stem)]
+            for png in own if own and len(own) < len(pngs) else pngs:
                 parts += [f"![{png.stem}]({results_dir.name}/{png.relative_to(results_dir).as_posix()})", ""]
         else:
             parts += ["Not measured yet.", ""]
