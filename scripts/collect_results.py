@@ -90,6 +90,11 @@ SECTIONS = [
      "draft-head and sparse-logits changes (a heavily loaded machine)",
      "python scripts/bench_round_overhead.py batched --concurrency 1 4 16 64 --max-new-tokens 24 "
      "--max-new-tokens-64 12 --repeats 3 --methods ours --max-prompt-len 24 --label recheck"),
+    ("compare_smollm2_prompt_lookup/compare.md",
+     "Release drafter vs target-only vs transformers' prompt lookup at batch 1, SmolLM2-135M-Instruct (int8 draft head)",
+     "dspark-hf compare --target smollm2-135m-instruct --drafter dspark=src/dspark_hf/testbed/releases/"
+     "smollm2-135m-instruct-dspark --limit 4 --speed-prompts 2 --max-new-tokens 64 --draft-head-dtype int8 "
+     "--out results/compare_smollm2_prompt_lookup"),
     ("tree/batch1.md", "Branching drafts (trees) vs the chain at batch 1, by node budget (issue 13)",
      "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
      "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1"),
