@@ -101,6 +101,9 @@ SECTIONS = [
     ("tree/load.md", "Branching drafts (trees) vs the chain under load, scheduled policy (issue 13)",
      "python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 8 --max-new-tokens 24 --repeats 1 "
      "--threads 1"),
+    ("tree/load_repeat.md", "Branching drafts vs the chain under load, re-measured with 3 repeats (issue 13)",
+     "python scripts/bench_tree.py load --concurrency 1 16 --budget 8 --max-new-tokens 24 --repeats 3 --threads 1 "
+     "--label repeat"),
 ]
 
 
