@@ -36,6 +36,7 @@ class DSparkTrainingConfig:
     markov_rank: int = field(default=256, metadata={"help": "rank of the Markov / RNN head"})
     draft_candidates: int | None = field(default=64, metadata={"help": "inference: score only the top-M base logits per slot (None = full vocab)"})
     draft_vocab_size: int | None = field(default=None, metadata={"help": "reduced draft vocabulary: the drafter proposes only the N most frequent answer tokens of the training data (EOS always included); None = the full vocabulary"})
+    cache_teacher_normalizer: bool = field(default=True, metadata={"help": "with a reduced draft vocabulary: compute the target's full-vocabulary log-normalizer once per example and keep it (in <feature_cache>/teacher-lse with a feature cache), so steps multiply by the draft rows of the LM head only; the loss is unchanged"})
     # ---- loss
     alpha_ce: float = field(default=0.1, metadata={"help": "weight of the cross-entropy term"})
     alpha_tv: float = field(default=0.9, metadata={"help": "weight of the total-variation term"})

@@ -75,6 +75,7 @@ def dspark_loss(
     confidence_logits: torch.Tensor | None,
     weights: LossWeights,
     draft_vocab: torch.Tensor | None = None,
+    target_lse: torch.Tensor | None = None,
 ) -> LossOutput:
     """The three DSpark terms.
 
@@ -87,6 +88,9 @@ def dspark_loss(
         weights: loss weights and position decay.
         draft_vocab: `[Vd]` sorted target ids of a reduced draft vocabulary (the drafter's `d2t`); then
             `draft_logits` is `[N, K, Vd]` (draft ids) while `target_logits` and `labels` stay in target ids.
+        target_lse: `[N, K]` the target's log-normalizer over its full vocabulary (`teacher.TeacherNormalizer`);
+            then `target_logits` holds only the draft vocabulary's logits `[N, K, Vd]` (in draft-id order) and the
+            teacher distribution is still exact: p_t = exp(z - lse) inside, 1 - sum(p_t) outside.
     """
     n, k, _ = draft_logits.shape
     device = draft_logits.device
@@ -101,6 +105,8 @@ def dspark_loss(
         reachable = torch.cat([torch.ones_like(in_vocab[:, :1]), in_vocab[:, :-1]], dim=1).long().cumprod(dim=1)
         mask = mask & reachable.bool()
         ce_mask = mask & in_vocab
+    if target_lse is not None and draft_vocab is None:
+        raise ValueError("target_lse is for a reduced draft vocabulary (draft_vocab); without one pass full logits")
     pos_w = position_weights(k, weights.decay, device)[None, :].expand(n, k)
     w = pos_w * mask
     w_ce = pos_w * ce_mask
@@ -111,9 +117,16 @@ def dspark_loss(
         z_t = target_logits.float()
         if draft_vocab is None:
             p_t, outside = F.softmax(z_t, dim=-1), 0.0
+        elif target_lse is not None:
+            if z_t.shape[-1] != d2t.shape[0] or target_lse.shape != z_t.shape[:2]:
+                raise ValueError(f"with target_lse, target_logits must be the draft vocabulary's [N, K, "
+                                 f"{d2t.shape[0]}] and target_lse [N, K]; got {tuple(z_t.shape)} and "
+                                 f"{tuple(target_lse.shape)}")
+            lse, z_in = target_lse.float()[..., None], z_t
         else:
             lse = torch.logsumexp(z_t, dim=-1, keepdim=True)  # [N, K, 1] over the full vocabulary
             z_in = z_t.index_select(-1, d2t)  # [N, K, Vd]
+        if draft_vocab is not None:
             p_t = torch.exp(z_in - lse)
             outside = (-torch.expm1(torch.logsumexp(z_in, dim=-1) - lse.squeeze(-1))).clamp(min=0.0)  # [N, K]
     ce_pos = F.nll_loss(logp_d.reshape(n * k, -1), labels.reshape(-1), reduction="none").view(n, k)

@@ -43,6 +43,8 @@ from ..models.configuration_dspark import DSparkConfig
 from .data import TokenizedExample, read_examples, sample_anchors
 from .features import FeatureBatch, FeatureCache, OnlineFeatures, build_feature_cache
 from .losses import LossOutput, LossWeights, dspark_loss
+from .teacher import TeacherNormalizer
+from ..decoding.sps import target_fingerprint
 from ..models.modeling_dspark import DSparkDrafter
 from ..provenance import atomic_write_json, provenance
 from .config import DSparkTrainingConfig
@@ -353,6 +355,13 @@ class DSparkTrainer:
             self.features = FeatureCache(config.feature_cache, target, layer_ids, max_shards_in_memory=None)
         else:
             self.features = OnlineFeatures(target, layer_ids)
+        self.teacher: TeacherNormalizer | None = None
+        if self.drafter.d2t is not None and config.cache_teacher_normalizer:
+            drafter_ = self.drafter
+            self.teacher = TeacherNormalizer(
+                lambda h: drafter_.lm_head(h.to(drafter_.dtype)),
+                folder=Path(config.feature_cache) / "teacher-lse" if config.feature_cache else None,
+                fingerprint=target_fingerprint(target))
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay,
                                            betas=(0.9, 0.95))
@@ -433,9 +442,16 @@ class DSparkTrainer:
             b_idx = sel.nonzero()[:, 0]
             t = feats.final_hidden.shape[1]
             tpos = (blk["anchor_pos"].to(device)[sel][:, None] + torch.arange(k, device=device)).clamp(max=t - 1)
-            final = feats.final_hidden.to(device)[b_idx[:, None], tpos]  # [N, K, d]: predicts the label at p+k+1
-            target_logits = drafter.lm_head(final.to(drafter.dtype)).float()  # full vocabulary: the outside mass
-        return dspark_loss(logits, target_logits, labels, mask, conf_logits, self.weights, draft_vocab=drafter.d2t)
+            final_all = feats.final_hidden.to(device)
+            final = final_all[b_idx[:, None], tpos]  # [N, K, d]: predicts the label at p+k+1
+            target_lse = None
+            if self.teacher is not None:  # the draft rows and the cached full-vocabulary normalizer: exact, cheaper
+                target_lse = self.teacher(examples, final_all, feats.attention_mask)[b_idx[:, None], tpos]
+                target_logits = drafter.draft_lm_head(final.to(drafter.dtype)).float()
+            else:
+                target_logits = drafter.lm_head(final.to(drafter.dtype)).float()  # full vocabulary: the outside mass
+        return dspark_loss(logits, target_logits, labels, mask, conf_logits, self.weights, draft_vocab=drafter.d2t,
+                           target_lse=target_lse)
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoints(self) -> list[Path]:
@@ -448,6 +464,8 @@ class DSparkTrainer:
 
         final = self.output_dir / f"checkpoint-{self.step:06d}"
         rng = gather_object([_rng_state()])  # collective: one entry per process, in rank order
+        if self.teacher is not None:  # every process keeps what it computed (its own file names)
+            self.teacher.save(tag=f"r{self.accelerator.process_index}")
         if not self.accelerator.is_main_process:
             return final
         tmp = self.output_dir / f".tmp-checkpoint-{self.step:06d}"

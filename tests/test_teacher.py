@@ -1,0 +1,136 @@
+"""The cached teacher log-normalizer (`training/teacher.py`): with a reduced draft vocabulary, the loss computed from the
+draft rows' teacher logits plus the cached full-vocabulary logsumexp equals the loss from the full teacher logits; the
+normalizers are computed once per example, persist atomically next to the feature cache, reload without recomputation,
+and a folder written for another target is refused."""
+
+import math
+
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from conftest import learnable_examples, make_target
+from dspark_hf.training.config import DSparkTrainingConfig
+from dspark_hf.training.features import pad_examples
+from dspark_hf.training.losses import LossWeights, dspark_loss
+from dspark_hf.training.teacher import TeacherNormalizer, log_normalizer
+from dspark_hf.training.trainer import DSparkTrainer
+
+
+def _loss_inputs(n=12, k=5, v=80, vd=20, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    d2t = torch.randperm(v, generator=g)[:vd].sort().values
+    target_logits = torch.randn(n, k, v, generator=g) * 3
+    labels = torch.randint(0, v, (n, k), generator=g)
+    labels[:, :3] = d2t[torch.randint(0, vd, (n, 3), generator=g)]  # mostly reachable
+    mask = torch.ones(n, k, dtype=torch.bool)
+    mask[-2:, 3:] = False
+    draft_logits = torch.randn(n, k, vd, generator=g, requires_grad=True)
+    conf = torch.randn(n, k, generator=g)
+    return d2t, target_logits, labels, mask, draft_logits, conf
+
+
+def test_loss_from_draft_rows_and_cached_normalizer_equals_the_full_teacher():
+    d2t, target_logits, labels, mask, draft_logits, conf = _loss_inputs()
+    weights = LossWeights(ce=0.1, tv=0.9, conf=1.0, decay=4.0)
+    full = dspark_loss(draft_logits, target_logits, labels, mask, conf, weights, draft_vocab=d2t)
+    lse = torch.logsumexp(target_logits, dim=-1)
+    cached = dspark_loss(draft_logits, target_logits[..., d2t], labels, mask, conf, weights, draft_vocab=d2t,
+                         target_lse=lse)
+    for name in ("total", "ce", "tv", "conf", "expected_tau"):
+        assert torch.allclose(getattr(full, name), getattr(cached, name), atol=1e-5), name
+    assert torch.allclose(full.accept_rate, cached.accept_rate, atol=1e-6)
+    g_full, = torch.autograd.grad(full.total, draft_logits)
+    g_cached, = torch.autograd.grad(cached.total, draft_logits)
+    assert torch.allclose(g_full, g_cached, atol=1e-6)
+    # a wrong normalizer changes the loss (the argument is used, not ignored)
+    shifted = dspark_loss(draft_logits, target_logits[..., d2t], labels, mask, conf, weights, draft_vocab=d2t,
+                          target_lse=lse + 0.5)
+    assert not torch.allclose(full.tv, shifted.tv, atol=1e-3)
+
+
+def test_bad_normalizer_inputs_are_clear_errors():
+    d2t, target_logits, labels, mask, draft_logits, conf = _loss_inputs()
+    weights = LossWeights(ce=0.1, tv=0.9, conf=1.0, decay=4.0)
+    lse = torch.logsumexp(target_logits, dim=-1)
+    with pytest.raises(ValueError, match="draft vocabulary's"):  # full logits passed with a normalizer
+        dspark_loss(draft_logits, target_logits, labels, mask, conf, weights, draft_vocab=d2t, target_lse=lse)
+    with pytest.raises(ValueError, match="reduced draft vocabulary"):
+        dspark_loss(draft_logits, target_logits, labels, mask, conf, weights, target_lse=lse)
+
+
+def test_log_normalizer_is_logsumexp_in_chunks():
+    head = torch.nn.Linear(8, 50, bias=True)
+    hidden = torch.randn(37, 8)
+    assert torch.allclose(log_normalizer(head, hidden, chunk=5), torch.logsumexp(head(hidden), -1), atol=1e-5)
+
+
+def test_normalizers_are_computed_once_persisted_and_reloaded(tmp_path):
+    target = make_target("llama")
+    examples = learnable_examples(target, count=6)
+    head = target.get_output_embeddings()
+    calls = []
+
+    def lm_head(h):
+        calls.append(h.shape[0])
+        return head(h)
+
+    ids, _, attn = pad_examples(examples[:4])
+    attn[1, 20:] = 0  # a shorter (padded) row
+    final = torch.randn(4, ids.shape[1], target.config.hidden_size)
+    folder = tmp_path / "teacher-lse"
+    teacher = TeacherNormalizer(lm_head, folder=folder, fingerprint="fp-a")
+    out = teacher(examples[:4], final, attn)
+    assert out.shape == attn.shape and teacher.computed == 4
+    expected = torch.logsumexp(head(final[1, :20]), -1)
+    assert torch.allclose(out[1, :20], expected, atol=1e-5) and torch.all(out[1, 20:] == 0)
+    before = len(calls)
+    again = teacher(examples[:4], final * 0, attn)  # memoised: the (changed) hidden states are not read again
+    assert len(calls) == before and torch.equal(again, out)
+    path = teacher.save(tag="r0")
+    assert path is not None and path.exists() and teacher.save(tag="r0") is None  # nothing new: no second file
+    assert not list(folder.glob(".*.tmp"))
+    reloaded = TeacherNormalizer(lm_head, folder=folder, fingerprint="fp-a")
+    assert len(reloaded) == 4
+    calls.clear()
+    assert torch.equal(reloaded(examples[:4], final, attn), out) and not calls and reloaded.computed == 0
+    # a row longer than what was stored (a larger max_length) is recomputed, not truncated
+    attn_long = torch.ones_like(attn)
+    reloaded(examples[1:2], final[1:2], attn_long[1:2])
+    assert reloaded.computed == 1
+    reloaded.save(tag="r0")  # a second file holds the longer vector: it wins over the shorter one on reload
+    key = next(k for k in reloaded.values if k.startswith(examples[1].id + "#"))
+    assert TeacherNormalizer(lm_head, folder=folder, fingerprint="fp-a").values[key].shape[0] == attn.shape[1]
+    # a leftover temporary file (an interrupted save) is ignored
+    save_file({"junk": torch.zeros(3)}, folder / ".teacher-lse-r0123-1.safetensors.tmp")
+    assert "junk" not in TeacherNormalizer(lm_head, folder=folder, fingerprint="fp-a").values
+    with pytest.raises(ValueError, match="another folder"):
+        TeacherNormalizer(lm_head, folder=folder, fingerprint="fp-b")
+
+
+@pytest.mark.parametrize("use_cache", [False, True])
+def test_trainer_loss_is_the_same_with_and_without_the_cached_normalizer(tmp_path, use_cache):
+    target = make_target("llama")
+    examples = learnable_examples(target, count=24)
+
+    def loss(cache: bool, sub: str):
+        config = DSparkTrainingConfig(output_dir=str(tmp_path / sub), max_steps=2, batch_size=4, num_anchors=8,
+                                      block_size=4, markov_rank=16, learning_rate=3e-3, warmup_steps=1,
+                                      save_every=1, log_every=1, resume=False, heldout_fraction=0.1,
+                                      draft_candidates=None, draft_vocab_size=24, cache_teacher_normalizer=cache,
+                                      feature_cache=str(tmp_path / f"features-{sub}") if use_cache else None,
+                                      feature_cache_dtype="float32")
+        torch.manual_seed(0)
+        trainer = DSparkTrainer(config, target, examples, progress=False)
+        out = trainer.compute_loss(trainer.micro_batch(0), 0)
+        return trainer, out
+
+    plain, out_plain = loss(False, "plain")
+    cached, out_cached = loss(True, "cached")
+    assert plain.teacher is None and cached.teacher is not None and cached.teacher.computed == 4
+    for name in ("total", "ce", "tv", "conf"):
+        a, b = float(getattr(out_plain, name).detach()), float(getattr(out_cached, name).detach())
+        assert math.isclose(a, b, rel_tol=1e-4, abs_tol=1e-5), (name, a, b)
+    cached.train()  # checkpoints write the normalizers next to the feature cache
+    if use_cache:
+        assert list((tmp_path / "features-cached" / "teacher-lse").glob("teacher-lse-r0*.safetensors"))
