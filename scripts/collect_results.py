@@ -54,7 +54,12 @@ SECTIONS = [
      "dspark-hf bench --target smollm2-135m-instruct --drafter outputs/smollm2-135m-dspark/final "
      "--concurrency 1 4 16 --max-new-tokens 32 --repeats 3 --out results/bench_smollm2_dspark"),
     ("draft_vocab/results.md", "Reduced draft vocabulary: answer-token coverage, drafting-round and training-step time",
-     "python scripts/bench_draft_vocab.py"),
+     "python scripts/bench_draft_vocab.py && python scripts/bench_draft_vocab.py --parts training"),
+    ("training_smollm2_long/training.md",
+     "Long runs on 12k-prompt data, DSpark vs the DFlash baseline at equal CPU budget (issue 14, resumable)",
+     "RUNS=/work/runs bash scripts/train_long.sh (stop or resume at will) && dspark-hf training-report "
+     "--run dspark=/work/runs/smollm2-135m-dspark-long --run dflash=/work/runs/smollm2-135m-dflash-long "
+     "--out results/training_smollm2_long"),
     ("data_generation/data_generation.md",
      "Data generation throughput (the target answering training prompts), per batch size and dtype",
      "python scripts/bench_data_generation.py --batch-sizes 16 32 64 --dtypes float32 bfloat16 --threads 1 "

@@ -83,17 +83,18 @@ def test_normalizers_are_computed_once_persisted_and_reloaded(tmp_path):
     out = teacher(examples[:4], final, attn)
     assert out.shape == attn.shape and teacher.computed == 4
     expected = torch.logsumexp(head(final[1, :20]), -1)
-    assert torch.allclose(out[1, :20], expected, atol=1e-5) and torch.all(out[1, 20:] == 0)
+    assert torch.allclose(out[1, :20], expected, atol=1e-5) and torch.isnan(out[1, 20:]).all()  # padding: NaN
     before = len(calls)
     again = teacher(examples[:4], final * 0, attn)  # memoised: the (changed) hidden states are not read again
-    assert len(calls) == before and torch.equal(again, out)
+    assert len(calls) == before and torch.equal(again.nan_to_num(), out.nan_to_num())
     path = teacher.save(tag="r0")
     assert path is not None and path.exists() and teacher.save(tag="r0") is None  # nothing new: no second file
     assert not list(folder.glob(".*.tmp"))
     reloaded = TeacherNormalizer(lm_head, folder=folder, fingerprint="fp-a")
     assert len(reloaded) == 4
     calls.clear()
-    assert torch.equal(reloaded(examples[:4], final, attn), out) and not calls and reloaded.computed == 0
+    assert torch.equal(reloaded(examples[:4], final, attn).nan_to_num(), out.nan_to_num())
+    assert not calls and reloaded.computed == 0
     # a row longer than what was stored (a larger max_length) is recomputed, not truncated
     attn_long = torch.ones_like(attn)
     reloaded(examples[1:2], final[1:2], attn_long[1:2])
@@ -106,6 +107,20 @@ def test_normalizers_are_computed_once_persisted_and_reloaded(tmp_path):
     assert "junk" not in TeacherNormalizer(lm_head, folder=folder, fingerprint="fp-a").values
     with pytest.raises(ValueError, match="another folder"):
         TeacherNormalizer(lm_head, folder=folder, fingerprint="fp-b")
+
+
+def test_only_answer_positions_are_computed_with_a_loss_mask():
+    target = make_target("llama")
+    examples = learnable_examples(target, count=2)  # 8 prompt tokens, 24 answer tokens
+    head = target.get_output_embeddings()
+    rows = []
+    teacher = TeacherNormalizer(lambda h: (rows.append(h.shape[0]), head(h))[1])
+    ids, loss, attn = pad_examples(examples)
+    final = torch.randn(2, ids.shape[1], target.config.hidden_size)
+    out = teacher(examples, final, attn, loss)
+    assert sum(rows) == int(loss.sum()) == 48  # the answers' positions only
+    assert torch.isnan(out[loss == 0]).all() and not torch.isnan(out[loss == 1]).any()
+    assert torch.allclose(out[0, 8:], torch.logsumexp(head(final[0, 8:]), -1), atol=1e-5)
 
 
 @pytest.mark.parametrize("use_cache", [False, True])
@@ -134,3 +149,18 @@ def test_trainer_loss_is_the_same_with_and_without_the_cached_normalizer(tmp_pat
     cached.train()  # checkpoints write the normalizers next to the feature cache
     if use_cache:
         assert list((tmp_path / "features-cached" / "teacher-lse").glob("teacher-lse-r0*.safetensors"))
+
+
+def test_a_supervised_slot_without_a_normalizer_is_an_error_not_a_silent_nan(tmp_path):
+    target = make_target("llama")
+    examples = learnable_examples(target, count=24)
+    config = DSparkTrainingConfig(output_dir=str(tmp_path / "run"), max_steps=1, batch_size=4, num_anchors=8,
+                                  block_size=4, markov_rank=16, resume=False, heldout_fraction=0.1,
+                                  draft_candidates=None, draft_vocab_size=24)
+    trainer = DSparkTrainer(config, target, examples, progress=False)
+    batch = trainer.micro_batch(0)
+    trainer.compute_loss(batch, 0)
+    for key in trainer.teacher.values:  # as if the answers' positions had never been computed
+        trainer.teacher.values[key] = torch.full_like(trainer.teacher.values[key], float("nan"))
+    with pytest.raises(RuntimeError, match="supervised slot"):
+        trainer.compute_loss(batch, 0)

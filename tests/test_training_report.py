@@ -52,3 +52,21 @@ def test_report_adds_the_heldout_learning_curve_when_runs_measured_it(tmp_path):
     assert not (tmp_path / "out2").exists()
     report({"dflash": b}, tmp_path / "out2")
     assert not (tmp_path / "out2" / "learning_curve.png").exists()
+
+
+def test_equal_budget_interpolates_the_longer_run_at_the_shorter_runs_last_evaluation(tmp_path):
+    from dspark_hf.evaluation.training_report import equal_budget_taus
+
+    heldout = {"dspark": [{"train_seconds": 1000.0, "heldout_tau": 1.5}, {"train_seconds": 3000.0, "heldout_tau": 2.5}],
+               "dflash": [{"train_seconds": 2000.0, "heldout_tau": 1.6}]}
+    got = equal_budget_taus(heldout)
+    assert got["seconds"] == 2000.0 and got["tau"] == {"dspark": 2.0, "dflash": 1.6}
+    assert equal_budget_taus({"dspark": heldout["dspark"]}) is None
+    a = _run(tmp_path / "a", "dspark", [1.0, 1.5])
+    b = _run(tmp_path / "b", "dflash", [1.0, 1.2])
+    for folder, recs in ((a, heldout["dspark"]), (b, heldout["dflash"])):
+        (folder / "heldout.jsonl").write_text("".join(json.dumps(
+            {"step": 10 * (i + 1), "heldout_accept@1": 0.1, **r}) + "\n" for i, r in enumerate(recs)))
+    md = (report({"dspark": a, "dflash": b}, tmp_path / "out") / "training.md").read_text()
+    assert "equal training budget of 0.56 CPU hours" in md
+    assert "| dspark | 2.000 | 1.000x |" in md and "| dflash | 1.600 | 0.800x |" in md

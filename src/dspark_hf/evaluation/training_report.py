@@ -88,12 +88,39 @@ def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
                 lines.append(f"| {label} | {rec['step']} | {rec['train_seconds'] / 3600:.2f} | "
                              f"{rec['heldout_tau']:.3f} | {rec['heldout_accept@1']:.3f} |")
         _plot_learning_curve(with_heldout, out / "learning_curve.png")
+    equal = equal_budget_taus({label: r["heldout"] for label, r in with_heldout.items()})
+    if equal is not None:
+        first = next(iter(equal["tau"]))
+        lines += ["", f"At an equal training budget of {equal['seconds'] / 3600:.2f} CPU hours (the shortest run's last "
+                  "held-out evaluation; the others interpolated linearly between their evaluations):", "",
+                  f"| run | held-out tau | vs {first} |", "|---|---|---|"]
+        for label, tau in equal["tau"].items():
+            lines.append(f"| {label} | {tau:.3f} | {tau / equal['tau'][first]:.3f}x |")
     atomic_write_json(out / "training.json", {"runs": {label: str(f) for label, f in runs.items()}, "summary": table,
                                               "heldout": {label: r["heldout"] for label, r in with_heldout.items()},
+                                              "equal_budget": equal,
                                               "configs": {label: r["config"] for label, r in loaded.items()}})
     atomic_write_text(out / "training.md", "\n".join(lines) + "\n")
     _plot(loaded, out / "training.png")
     return out
+
+
+def equal_budget_taus(heldout: dict[str, list[dict]]) -> dict | None:
+    """Held-out tau of every run at one training budget: the smallest of the runs' last evaluation times; a run
+    evaluated later is interpolated linearly between the two evaluations around it (from (0 s, tau 1) before its
+    first). None with fewer than two runs."""
+    runs = {label: sorted(recs, key=lambda r: r["train_seconds"]) for label, recs in heldout.items() if recs}
+    if len(runs) < 2:
+        return None
+    budget = min(recs[-1]["train_seconds"] for recs in runs.values())
+    taus = {}
+    for label, recs in runs.items():
+        points = [(0.0, 1.0)] + [(r["train_seconds"], r["heldout_tau"]) for r in recs]
+        for (x0, y0), (x1, y1) in zip(points, points[1:]):
+            if x0 <= budget <= x1:
+                taus[label] = y1 if x1 == x0 else y0 + (y1 - y0) * (budget - x0) / (x1 - x0)
+                break
+    return {"seconds": budget, "tau": taus}
 
 
 def _plot_learning_curve(loaded: dict[str, dict], path: Path) -> None:

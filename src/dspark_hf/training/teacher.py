@@ -8,7 +8,7 @@ follow from the draft rows' logits z_v and one number per position, the log-part
 
 lse depends only on the target's final hidden state at that position, which the feature cache holds and which never
 changes during training. So `TeacherNormalizer` computes it once per example (one full-vocabulary product over the
-example's positions), keeps it in memory and, given a folder, in `teacher-lse-*.safetensors` files written atomically
+example's answer positions, the only ones a block is supervised from; NaN elsewhere), keeps it in memory and, given a folder, in `teacher-lse-*.safetensors` files written atomically
 at every checkpoint: later steps, epochs and sessions multiply by the Vd draft rows of the LM head instead of all V
 rows (for SmolLM2: 8,192 instead of 49,152, the largest product of a step). The loss is the same function as with the
 full teacher logits (equal up to float rounding; `tests/test_teacher.py`).
@@ -77,16 +77,23 @@ class TeacherNormalizer:
         return len(self.values)
 
     def __call__(self, examples: Sequence[TokenizedExample], final_hidden: torch.Tensor,
-                 attention_mask: torch.Tensor) -> torch.Tensor:
-        """`[B, T]` log-normalizers for a right-padded batch (`final_hidden` `[B, T, d]`); padding positions get 0."""
+                 attention_mask: torch.Tensor, loss_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """`[B, T]` log-normalizers for a right-padded batch (`final_hidden` `[B, T, d]`).
+
+        With `loss_mask`, only its positions are computed (every supervised slot of a block predicts from an answer
+        position: its anchor and the labels before it are loss-masked) and the others are NaN; padding is NaN."""
         b, t = attention_mask.shape
-        out = torch.zeros(b, t, dtype=torch.float32, device=final_hidden.device)
+        out = torch.full((b, t), float("nan"), dtype=torch.float32, device=final_hidden.device)
         for i, example in enumerate(examples):
             n = int(attention_mask[i].sum())
             key = feature_key(example)
             stored = self.values.get(key)
             if stored is None or stored.shape[0] < n:  # new, or seen before under a shorter max_length
-                stored = log_normalizer(self.lm_head, final_hidden[i, :n]).cpu()
+                rows = (torch.arange(n, device=final_hidden.device) if loss_mask is None
+                        else loss_mask[i, :n].nonzero().squeeze(-1).to(final_hidden.device))
+                stored = torch.full((n,), float("nan"), dtype=torch.float32)
+                if rows.numel():
+                    stored[rows.cpu()] = log_normalizer(self.lm_head, final_hidden[i, rows]).cpu()
                 self.values[key] = stored
                 self._unsaved.add(key)
                 self.computed += 1

@@ -446,8 +446,14 @@ class DSparkTrainer:
             final = final_all[b_idx[:, None], tpos]  # [N, K, d]: predicts the label at p+k+1
             target_lse = None
             if self.teacher is not None:  # the draft rows and the cached full-vocabulary normalizer: exact, cheaper
-                target_lse = self.teacher(examples, final_all, feats.attention_mask)[b_idx[:, None], tpos]
+                target_lse = self.teacher(examples, final_all, feats.attention_mask,
+                                          feats.loss_mask)[b_idx[:, None], tpos]
                 target_logits = drafter.draft_lm_head(final.to(drafter.dtype)).float()
+                missing = torch.isnan(target_lse)  # positions outside the answers: only unsupervised slots
+                if bool((missing & mask).any()):
+                    raise RuntimeError("a supervised slot predicts from a position without a teacher normalizer "
+                                       "(outside the loss mask); this is a bug in anchor sampling")
+                target_lse = torch.where(missing, torch.logsumexp(target_logits, dim=-1), target_lse)  # finite
             else:
                 target_logits = drafter.lm_head(final.to(drafter.dtype)).float()  # full vocabulary: the outside mass
         return dspark_loss(logits, target_logits, labels, mask, conf_logits, self.weights, draft_vocab=drafter.d2t,
