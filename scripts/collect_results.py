@@ -109,6 +109,15 @@ SECTIONS = [
     ("tree/load_repeat.md", "Branching drafts vs the chain under load, re-measured with 3 repeats (issue 13)",
      "python scripts/bench_tree.py load --concurrency 1 16 --budget 8 --max-new-tokens 24 --repeats 3 --threads 1 "
      "--label repeat"),
+    ("tree/load_priced_r5.md", "Trees with growth priced (GrowthCost) vs the chain under load, 5 repeats (issue 13)",
+     "python scripts/bench_tree.py load --concurrency 1 4 16 --budget 8 --max-new-tokens 24 --repeats 5 --threads 1 "
+     "--label priced_r5"),
+    ("tree/load_priced_c64_decode.md", "Trees with growth priced vs the chain at concurrency 64 (issue 13)",
+     "python scripts/bench_tree.py load --concurrency 64 --budget 8 --max-new-tokens 24 --repeats 1 --threads 1 "
+     "--label priced_c64_decode"),
+    ("tree/batch1_priced_scheduled.md", "Trees with growth priced vs the chain at batch 1, scheduled policy (issue 13)",
+     "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
+     "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1 --policy scheduled --label priced_scheduled"),
 ]
 
 

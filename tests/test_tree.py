@@ -5,7 +5,10 @@
 * sampled output follows the enumerated target distribution with branching verified in most rounds;
 * `tree_budget=0` reproduces the chain loop's rounds exactly (greedy and sampled, every policy);
 * drafted trees keep their invariants; Llama, Qwen2 and Qwen3 take the tree mask; targets that cannot are refused;
-* under load the loop drafts chains only while the scheduler verifies no branch.
+* under load the loop drafts chains only while the scheduler verifies no branch;
+* priced growth: with a prohibitive growth cost the tree policy decodes exactly as the chain policy (same tokens,
+  records and target forwards, no tree work); the growth cost is measured on live rounds and trees still branch
+  where they pay, losslessly (greedy and sampled).
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ from dspark_hf.decoding.tree_attention import check_tree_attention, verification
 PROMPTS = [[5, 17, 33, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7], [9, 8, 7, 6, 5, 4]]
 POLICIES = ("fixed", "threshold", "scheduled", "async")
 LONG = 40  # reference continuations are computed once per target, this long, and cut
+
+
+def _spread_confidence_drafter(target, **kw) -> DSparkDrafter:
+    """A block-3 drafter with a biased Markov head whose confidences spread around sigmoid(1) ~ 0.73: alternatives
+    worth verifying, for the sampling tests."""
+    drafter = bias_markov_head(make_drafter(target, block_size=3, markov_rank=4, seed=4, **kw))
+    with torch.no_grad():
+        drafter.confidence_head.proj.weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(1))
+        drafter.confidence_head.proj.bias.fill_(1.0)
+    return drafter
 
 
 @functools.lru_cache(maxsize=None)
@@ -246,10 +259,7 @@ def test_tree_sampling_matches_the_target_distribution(candidates):
     alternatives verified in most row-rounds and accepted paths leaving the chain in some of them. With the full
     vocabulary and with the drafter restricted to 3 candidates per slot (compact node distributions)."""
     target = make_target("llama", vocab_size=4, seed=3, sharpen=6.0)
-    drafter = bias_markov_head(make_drafter(target, block_size=3, markov_rank=4, seed=4, draft_candidates=candidates))
-    with torch.no_grad():  # confidences spread around sigmoid(1) ~ 0.73: alternatives worth verifying
-        drafter.confidence_head.proj.weight.normal_(0.0, 0.3, generator=torch.Generator().manual_seed(1))
-        drafter.confidence_head.proj.bias.fill_(1.0)
+    drafter = _spread_confidence_drafter(target, draft_candidates=candidates)
     prompt, rows, n_tokens = [1, 2, 3, 1], 3000, 3
     ids = torch.tensor([prompt] * rows)
     exact = exact_joint(target, prompt, n_tokens, 0.9, 3, None)
@@ -335,6 +345,29 @@ def test_targets_that_cannot_take_the_tree_mask_are_refused():
                            tree_budget=3, policy="fixed")
 
 
+def test_a_passed_probe_is_remembered_until_what_it_checked_changes():
+    target = make_target("llama")
+    calls = []
+    hook = target.register_forward_hook(lambda *_: calls.append(1))
+    assert check_tree_attention(target) == "sdpa" and len(calls) == 2  # the probe's two forwards
+    check_tree_attention(target)
+    assert len(calls) == 2  # remembered: no forward
+    target.to(torch.float64)  # another dtype: probed again
+    check_tree_attention(target)
+    assert len(calls) == 4
+    hook.remove()
+    original = target.forward
+
+    def ignores_custom_masks(*args, attention_mask=None, **kwargs):
+        if attention_mask is not None and attention_mask.dim() == 4:
+            attention_mask = None
+        return original(*args, attention_mask=attention_mask, **kwargs)
+
+    target.forward = ignores_custom_masks  # a wrapped forward is a different model: probed again, and refused
+    with pytest.raises(ValueError, match="does not honour"):
+        check_tree_attention(target)
+
+
 def test_tree_greedy_with_eager_attention():
     target = make_target("llama")
     target.config._attn_implementation = "eager"
@@ -384,3 +417,126 @@ def test_under_load_the_loop_drafts_chains_while_no_branch_is_verified(monkeypat
     (grown_on, rounds_on), (grown_off, rounds_off) = runs[True], runs[False]
     assert grown_off == rounds_off  # without the backoff every drafting round grows a tree
     assert 2 <= grown_on <= rounds_on // 2  # with it: 2 rounds, then probes only
+
+
+# ---------------------------------------------------------------------------------------------- priced growth
+def _steady_clock(monkeypatch, growth_cost=None):
+    """Deterministic pricing for comparisons: every round's measured overhead reads 20 ms (5 of them drafting), and
+    with `growth_cost` the growth clock reads that cost instead of the measured one."""
+    from dspark_hf.decoding import round_state
+
+    add = round_state.RoundClock.add
+    monkeypatch.setattr(round_state.RoundClock, "add", lambda self, overhead, draft: add(self, 0.02, 0.005))
+    if growth_cost is not None:
+        monkeypatch.setattr(round_state.GrowthClock, "cost", lambda self: growth_cost if self.priced else None)
+
+
+def _counting(monkeypatch, module, name, calls):
+    original = getattr(module, name)
+
+    def counted(*args, **kwargs):
+        calls[name] = calls.get(name, 0) + 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, counted)
+
+
+@pytest.mark.parametrize("policy", ["scheduled", "async"])
+@pytest.mark.parametrize("do_sample", [False, True])
+def test_a_prohibitive_growth_cost_decodes_exactly_as_the_chain(monkeypatch, policy, do_sample):
+    """A growth step (and a growing round) priced far above a round, under a width cost at which free growth does
+    branch: the plan grows nothing, so the tree policy's rounds are the chain policy's — the same tokens (greedy and sampled, same generator), the same round records and
+    the same number of target forwards — and no tree work is done (no growth step, no tree inputs or 4-D mask, no
+    tree verification)."""
+    from dspark_hf.decoding import batched
+    from dspark_hf.decoding import tree as tree_module
+    from dspark_hf.decoding.scheduler import GrowthCost
+
+    _steady_clock(monkeypatch, GrowthCost(step_seconds=1e3, tree_seconds=1e3))
+    target = make_target("llama")
+    drafter = make_drafter(target, block_size=4)
+    forwards = []
+    forward = target.forward
+    target.forward = lambda *args, **kwargs: forwards.append(1) or forward(*args, **kwargs)
+    check_tree_attention(target)  # probed (and remembered) before counting
+    calls = {}
+    _counting(monkeypatch, batched, "verification_inputs", calls)
+    _counting(monkeypatch, batched, "tree_verify", calls)
+    grow = tree_module.TreeDrafting.grow
+    steps = []
+    monkeypatch.setattr(tree_module.TreeDrafting, "grow",
+                        lambda self, plan=None: (grow(self, plan), steps.append(self.steps))[0])
+    ids, mask = left_pad(PROMPTS)
+    cheap_width = lambda b: 1.0 / (1.0 + 0.002 * b)  # noqa: E731  (at which free growth does branch)
+    runs = {}
+    for tree_budget in (None, 8):
+        forwards.clear()
+        out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=18, policy=policy, sps=cheap_width,
+                                 do_sample=do_sample, temperature=0.8, tree_budget=tree_budget,
+                                 generator=torch.Generator().manual_seed(11), record_rounds=True,
+                                 return_dict_in_generate=True)
+        runs[tree_budget] = (out, len(forwards))
+    (chain, chain_forwards), (tree, tree_forwards) = runs[None], runs[8]
+    assert torch.equal(chain.sequences, tree.sequences)
+    assert chain_forwards == tree_forwards
+    assert len(chain.rounds) == len(tree.rounds)
+    for a, b in zip(chain.rounds, tree.rounds):
+        assert torch.equal(a.rows, b.rows) and torch.equal(a.lengths, b.lengths) and torch.equal(a.accepted, b.accepted)
+        assert (a.drafts is None) == (b.drafts is None) and (a.drafts is None or torch.equal(a.drafts, b.drafts))
+        assert b.tree_verified is None or torch.equal(b.tree_verified, b.lengths)
+    assert steps and not any(steps)  # the plan was asked, and grew nothing
+    assert calls == {}
+    if not do_sample:
+        for row, prompt in enumerate(PROMPTS):
+            assert generated_rows(tree, ids.shape[1])[row] == _reference("llama", tuple(prompt))[:18]
+
+
+def test_priced_trees_are_measured_grown_where_they_pay_and_lossless(monkeypatch):
+    """The default pricing on the live machine: the first growing round is timed (seconds per growth step and per
+    growing round, both > 0) and prices the next ones; branches are still verified where a cheap cost curve makes
+    them pay, never more than the budget is grown, and the output is each row's own greedy output."""
+    from dspark_hf.decoding import round_state
+
+    measured = []
+    add = round_state.GrowthClock.add
+    monkeypatch.setattr(round_state.GrowthClock, "add",
+                        lambda self, steps, step_s, tree_s: (measured.append((steps, step_s, tree_s)),
+                                                             add(self, steps, step_s, tree_s))[1])
+    target = _target("llama")
+    drafter = make_drafter(target)
+    ids, mask = left_pad(PROMPTS)
+    out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=16, policy="scheduled",
+                             sps=lambda b: 1.0 / (1.0 + 0.002 * b), tree_budget=6, tree_max_children=3,
+                             return_dict_in_generate=True, record_rounds=True)
+    for row, prompt in enumerate(PROMPTS):
+        assert generated_rows(out, ids.shape[1])[row] == _reference("llama", tuple(prompt))[:16], row
+    assert measured and all(0 < steps <= 6 and step_s > 0 and tree_s > 0 for steps, step_s, tree_s in measured)
+    assert any(bool((r.tree_verified > r.lengths).any()) for r in out.rounds if r.tree_verified is not None)
+
+
+def test_priced_tree_sampling_matches_the_target_distribution(monkeypatch):
+    """Sampling through the growth plan: 3000 rows, trees of up to 4 extra nodes, a growth step priced so that the
+    plan grows some branches and declines others. TV to the enumerated target joint within 2.5x the TV expected from
+    exact sampling, with branches verified in many row-rounds and fewer than the budget in others."""
+    from dspark_hf.decoding.scheduler import GrowthCost
+
+    _steady_clock(monkeypatch, GrowthCost(step_seconds=1e-5, tree_seconds=1e-5))
+    target = make_target("llama", vocab_size=4, seed=3, sharpen=6.0)
+    drafter = _spread_confidence_drafter(target)
+    prompt, rows, n_tokens = [1, 2, 3, 1], 3000, 3
+    ids = torch.tensor([prompt] * rows)
+    exact = exact_joint(target, prompt, n_tokens, 0.9, 3, None)
+    expected_tv = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (math.pi * rows)).sum().item()
+    out = dspark_hf.generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=n_tokens, do_sample=True,
+                             temperature=0.9, top_k=3, policy="scheduled", sps=lambda b: 1.0 / (1.0 + 2e-6 * b),
+                             tree_budget=4, tree_max_children=3, generator=torch.Generator().manual_seed(7),
+                             record_rounds=True, return_dict_in_generate=True)
+    new = out.sequences[:, len(prompt):]
+    codes = (new * torch.tensor([16, 4, 1])).sum(1)
+    empirical = torch.bincount(codes, minlength=64).float() / rows
+    tv = 0.5 * (empirical - exact).abs().sum().item()
+    assert tv < 2.5 * expected_tv, (tv, expected_tv)
+    drafted = [r for r in out.rounds if r.tree_verified is not None]
+    branches = torch.cat([r.tree_verified - r.lengths for r in drafted])
+    assert (branches > 0).float().mean() > 0.2
+    assert (branches < 4).float().mean() > 0.2

@@ -5,7 +5,9 @@
 * sampling: over 200k independent trees, the first two emitted tokens follow the enumerated target joint (a verifier
   given the wrong proposals fails the same bound);
 * scheduling: on chains the tree policies equal the prefix policies; under load trees shrink to chains, then to
-  nothing; a node's admission never depends on its own subtree (Appendix A's non-anticipation, for trees).
+  nothing; a node's admission never depends on its own subtree (Appendix A's non-anticipation, for trees);
+* priced growth: a free growth cost admits exactly as today, a prohibitive one the chain alone; the growth plan
+  grows exactly the branches the priced schedule admits (batch 1); pricing keeps non-anticipation.
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ import math
 import torch
 
 from dspark_hf import DraftBlock, greedy_verify, rejection_verify
-from dspark_hf.decoding.scheduler import (async_lengths, async_tree, schedule_prefix, schedule_tree,
-                                          threshold_lengths, threshold_tree)
+from dspark_hf.decoding.scheduler import (GrowthCost, async_lengths, async_tree, schedule_growth, schedule_prefix,
+                                          schedule_tree, threshold_lengths, threshold_tree)
 from dspark_hf.decoding.tree import DraftTree
 from dspark_hf.decoding.tree_verification import tree_greedy_verify, tree_rejection_verify
 
@@ -238,3 +240,107 @@ def test_a_nodes_admission_never_depends_on_its_own_subtree():
         for m in sorted(sub):  # shrink the subtree's keys (keeps the invariant)
             changed[row, m] = changed[row, m] * float(torch.rand(1, generator=g))
         assert bool(schedule_tree(changed, valid, sps)[row, node]) == bool(base[row, node]), trial
+
+
+# ---------------------------------------------------------------------------------------------- priced growth
+def _chain_and_branches(g, r, k, extra, monotone=True):
+    """`[R, K + extra]` survivals: a chain (cumulative products) then branches whose keys never increase with creation
+    order (what best-first growth of a sampled tree produces), all below the chain's head."""
+    conf = torch.rand(r, k, generator=g) ** 0.4
+    chain = torch.cumprod(conf, 1)
+    branches = torch.rand(r, extra, generator=g) * 0.6 * chain[:, :1]
+    if monotone:
+        branches = branches.sort(dim=1, descending=True).values
+    return conf, torch.cat([chain, branches], 1)
+
+
+def test_free_growth_prices_exactly_as_today_and_a_prohibitive_one_verifies_the_chain_alone():
+    """`schedule_tree(..., growth=)`: a free `GrowthCost` gives today's admission bit for bit (every policy entry
+    point); a growth step (or tree round) that costs far more than a round verifies no branch, and then the chain
+    nodes exactly as `schedule_prefix` on the chain's confidences. A moderate cost admits fewer branches than none."""
+    g = torch.Generator().manual_seed(5)
+    r, k, extra = 8, 5, 6
+    free, step_only, tree_only = GrowthCost(), GrowthCost(step_seconds=1e3), GrowthCost(tree_seconds=1e3)
+    fewer = 0
+    for trial in range(30):
+        conf, survival = _chain_and_branches(g, r, k, extra)
+        valid = torch.ones_like(survival, dtype=torch.bool)
+        sps = _sps(float(torch.rand(1, generator=g)) * 0.03)
+        today = schedule_tree(survival, valid, sps)
+        assert torch.equal(schedule_tree(survival, valid, sps, growth=free, num_chain=k), today)
+        assert torch.equal(schedule_tree(survival, valid, sps, early_stop=False, growth=free, num_chain=k),
+                           schedule_tree(survival, valid, sps, early_stop=False))
+        stale = _chain_and_branches(g, r, k, extra)[1]
+        assert torch.equal(async_tree(survival, valid, stale, valid, sps, growth=free, num_chain=k),
+                           async_tree(survival, valid, stale, valid, sps))
+        chain_only = torch.arange(k)[None] < schedule_prefix(conf, sps)[:, None]
+        for cost in (step_only, tree_only):
+            priced = schedule_tree(survival, valid, sps, growth=cost, num_chain=k)
+            assert not priced[:, k:].any(), trial
+            assert torch.equal(priced[:, :k], chain_only), trial
+        # one growth step costs a tenth of a verified token's share of the round: some branches stop paying
+        moderate = schedule_tree(survival, valid, sps, growth=GrowthCost(step_seconds=0.02), num_chain=k)
+        fewer += int(moderate[:, k:].sum()) < int(today[:, k:].sum())
+    assert fewer > 0
+
+
+def test_the_growth_plan_grows_exactly_the_branches_the_priced_schedule_admits():
+    """Batch 1, branches in best-first order (keys never increasing): asking `schedule_growth` before each step
+    (known: the chain, the branches so far, the next candidate's estimate) and stopping at its first no grows exactly
+    the branches `schedule_tree` admits on the fully grown tree, free or priced. So nothing is grown that is not
+    verified, and when the first branch does not pay, nothing is grown at all."""
+    g = torch.Generator().manual_seed(6)
+    k, extra = 5, 8
+    none_grown = some_grown = 0
+    for trial in range(60):
+        _, survival = _chain_and_branches(g, 1, k, extra)
+        valid = torch.ones_like(survival, dtype=torch.bool)
+        sps = _sps(float(torch.rand(1, generator=g)) * 0.05)
+        cost = GrowthCost(step_seconds=float(torch.rand(1, generator=g)) * 0.05,
+                          tree_seconds=float(torch.rand(1, generator=g)) * 0.05) if trial % 3 else GrowthCost()
+        grown = 0
+        for m in range(extra):
+            n = k + m
+            go = schedule_growth(survival[:, :n], valid[:, :n], survival[:, n], valid[:, n], sps, cost, k)
+            if not bool(go[0]):
+                break
+            grown += 1
+        admitted = schedule_tree(survival, valid, sps, growth=cost, num_chain=k)
+        assert int(admitted[0, k:].sum()) == grown and bool(admitted[0, k: k + grown].all()), trial
+        none_grown += grown == 0
+        some_grown += 0 < grown < extra
+    assert none_grown and some_grown
+
+
+def test_priced_admission_never_depends_on_a_nodes_own_subtree():
+    """As `test_a_nodes_admission_never_depends_on_its_own_subtree`, with growth priced (random step and tree costs,
+    the first 2 nodes of each row a chain): the price of a position is a function of the sorted prefix before it."""
+    g = torch.Generator().manual_seed(7)
+    for trial in range(60):
+        r, n = 3, 7
+        parents = torch.full((r, n), -1)
+        survival = torch.zeros(r, n)
+        for row in range(r):
+            for node in range(n):
+                parent = node - 1 if node < 2 else int(torch.randint(-1, node, (1,), generator=g))
+                parents[row, node] = parent
+                earlier = [m for m in range(node) if int(parents[row, m]) == parent]
+                cap = float(survival[row, earlier[-1]]) if earlier else (
+                    1.0 if parent < 0 else float(survival[row, parent]))
+                survival[row, node] = cap * float(torch.rand(1, generator=g)) ** 0.3
+        valid = torch.ones(r, n, dtype=torch.bool)
+        sps = _sps(float(torch.rand(1, generator=g)) * 0.2)
+        cost = GrowthCost(step_seconds=float(torch.rand(1, generator=g)) * 0.1,
+                          tree_seconds=float(torch.rand(1, generator=g)) * 0.1)
+        base = schedule_tree(survival, valid, sps, growth=cost, num_chain=2)
+        row, node = int(torch.randint(0, r, (1,), generator=g)), int(torch.randint(0, n, (1,), generator=g))
+        sub = set()
+        for m in range(node + 1, n):
+            p = int(parents[row, m])
+            if p == int(parents[row, node]) or p == node or p in sub:
+                sub.add(m)
+        changed = survival.clone()
+        for m in sorted(sub):
+            changed[row, m] = changed[row, m] * float(torch.rand(1, generator=g))
+        assert bool(schedule_tree(changed, valid, sps, growth=cost, num_chain=2)[row, node]) == bool(
+            base[row, node]), trial

@@ -21,6 +21,12 @@ chain is fragile; step 2 picks the nodes each row verifies (the same policies ov
 its ancestors); step 4 accepts the longest matching path (greedy) or runs multi-candidate recursive rejection
 sampling (`tree_verification`); step 5 keeps the anchor and the accepted path in both caches, every other node
 becomes a hole. `tree_budget=0` runs this path with chains only and reproduces the default rounds exactly.
+With "scheduled" / "async" and the round overhead counted (`count_round_overhead`, the default), tree growth is
+priced: step 1 drafts the chain exactly as `drafter.draft` does, then before each growth step a plan
+(`scheduler.schedule_growth`) asks whether each row's next node is expected to pay for its measured drafting cost
+and its verification width in tokens per second; the budget is spent only as far as it pays, and a round in which
+no branch pays is the chain's round (chain lengths, 2-D mask, chain verification), at the chain's cost plus the
+plan's check.
 `tree_budget=None` (default) is the chain loop above. Batch size 1 with trees goes through this loop too:
 transformers' assisted decoding verifies a chain only (one candidate sequence, a causal mask, a cache crop to a
 prefix), so `target.generate(assistant_model=drafter)` cannot take a tree.
@@ -62,11 +68,11 @@ from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingC
 from transformers.utils import ModelOutput, logging
 
 from ..models.modeling_dspark import DSparkDrafter
-from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, IdleBackoff, LengthPolicy, RoundClock,
-                          RoundRecord, RowOutputs, RowStats, target_layer_ids)
+from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthClock, IdleBackoff, LengthPolicy,
+                          RoundClock, RoundRecord, RowOutputs, RowStats, target_layer_ids)
 from .scheduler import POLICIES
 from .sps import SPSTable, profile_sps, target_fingerprint
-from .tree import TreeSpec, draft_tree_for
+from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, plans_growth
 from .tree_attention import check_tree_attention, verification_inputs
 from .tree_verification import tree_verify
 from .verification import SamplingParams, verify
@@ -402,6 +408,9 @@ def generate(
         count_round_overhead: for "scheduled" / "async", add the measured per-round cost outside the target's forward
             (drafting, bookkeeping; a running mean over past rounds) to the cost curve (see
             `scheduler.WithRoundOverhead`). False prices the target forward alone, as the paper's Algorithm 1 does.
+            With trees it also prices tree growth: the measured seconds per growth step and per growing round
+            (`round_state.GrowthClock`), so that branches are grown, and verified, only where they pay (module
+            docstring); False grows every tree to `tree_budget` as far as its candidates allow.
         idle_backoff: for "scheduled" / "async": after 2 consecutive rounds that did not pay for drafting, skip the
             drafter for the next rounds (plain decoding through the same loop; the drafter's context is still
             updated), then draft again to probe; the skip doubles (2, 4, ... 32 rounds) while probes keep not paying
@@ -417,8 +426,10 @@ def generate(
         tree_budget: draft a tree per row: the chain plus up to this many alternative nodes where the chain is
             fragile (`dspark_hf.decoding.tree`), verified in one forward with a tree attention mask; lossless for
             greedy and sampling. None (default): chains. 0: the tree path with chains only (identical rounds). Needs
-            a target with SDPA or eager attention (checked, and probed once per call) and, for > 0, a drafter with
-            a confidence head. The only way to decode trees at batch size 1 too (see the module docstring).
+            a target with SDPA or eager attention (checked, and probed once per target object) and, for > 0, a
+            drafter with a confidence head. The only way to decode trees at batch size 1 too (see the module
+            docstring). With "scheduled" / "async" and `count_round_overhead` it is an upper bound: nodes are grown
+            only while they pay for their measured drafting cost and their verification width.
         tree_max_children: children per tree node at most, the chain's own child included.
         **config_kwargs: `GenerationConfig` settings by name (e.g. `max_length=`, `use_cache=`), as
             `target.generate` accepts them; anything else raises `TypeError`.
@@ -447,7 +458,10 @@ def generate(
     if priced:
         sps = resolve_sps(target, sps, max_tokens=input_ids.shape[0] * width_max)
     clock = RoundClock(priced=count_round_overhead and priced)
-    choose = LengthPolicy(policy, block_size, sps, threshold, clock)
+    # trees with a priced policy that counts the round overhead: growth priced too, planned before every growth step
+    planned = clock.priced and spec is not None and spec.budget > 0 and plans_growth(drafter)
+    growth = GrowthClock(priced=planned)
+    choose = LengthPolicy(policy, block_size, sps, threshold, clock, growth=growth)
     backoff = IdleBackoff(enabled=idle_backoff and priced)
     branching = BranchBackoff(enabled=idle_backoff and priced and spec is not None and spec.budget > 0)
     criteria = settings.stopping_criteria(stopping_criteria)
@@ -471,7 +485,8 @@ def generate(
             break
         rows.compact_holes(hole_budget)
         round_start = time.perf_counter()
-        block, tree, width, draft_seconds = None, None, 1, 0.0
+        block, tree, width, draft_seconds, tree_seconds = None, None, 1, 0.0, 0.0
+        drafting = None  # a planned tree round's `TreeDrafting` (for its growth timing)
         if speculate and spec is None and not backoff.skip():  # (a skipped round is plain decoding: nothing to choose)
             draft_start = time.perf_counter()
             block = drafter.draft(rows.context, rows.anchors.to(drafter.device),
@@ -486,20 +501,45 @@ def generate(
         elif speculate and spec is not None and not backoff.skip():  # tree drafts: the same round over nodes
             draft_start = time.perf_counter()
             round_spec = branching.spec(spec)  # chains only while recent trees verified no branch
-            drafted = draft_tree_for(drafter, rows.context, rows.anchors.to(drafter.device),
-                                     anchor_positions=rows.next_pos.to(drafter.device), spec=round_spec,
-                                     sampling=sampling, generator=generator)
-            draft_seconds = time.perf_counter() - draft_start
-            admitted = choose.admit(drafted, rows.ids)
-            if backoff.enabled:
-                backoff.observe(choose.tree_pays(drafted, admitted))
-            if round_spec.budget > 0:
-                branching.observe(bool(admitted[:, drafted.num_chain:].any()))
-            admitted &= drafted.depths.cpu() <= outputs.remaining(rows.ids)[:, None]  # never past max_new_tokens
-            block = drafted  # (for the round record and the clock)
-            tree = drafted.select(admitted)  # (its [R, W, V] logits are built only if sampling reads them)
-            lengths = tree.num_nodes.cpu()
-            width = 1 + int(lengths.max()) if tree.tokens.shape[1] else 1
+            if planned:  # the chain exactly as drafter.draft, then growth while the plan says it pays
+                drafting = TreeDrafting(drafter, rows.context, rows.anchors.to(drafter.device),
+                                        anchor_positions=rows.next_pos.to(drafter.device), spec=round_spec,
+                                        sampling=sampling, generator=generator)
+                draft_seconds = time.perf_counter() - draft_start  # the chain's drafting (what plain rounds skip)
+                drafted = drafting.grow(choose.growth_plan())  # None: no branch paid, nothing grown
+            else:
+                drafted = draft_tree_for(drafter, rows.context, rows.anchors.to(drafter.device),
+                                         anchor_positions=rows.next_pos.to(drafter.device), spec=round_spec,
+                                         sampling=sampling, generator=generator)
+                draft_seconds = time.perf_counter() - draft_start
+            if drafted is None:  # the chain's round, verified exactly as tree_budget=None verifies it (no tree mask)
+                block = drafting.chain
+                chain = DraftTree.from_block(block)
+                admitted = choose.admit(chain, rows.ids)  # = schedule_prefix on a chain (async: one node history)
+                if backoff.enabled:
+                    backoff.observe(choose.tree_pays(chain, admitted))
+                if round_spec.budget > 0:
+                    branching.observe(False)
+                lengths = torch.minimum(admitted.sum(dim=1), outputs.remaining(rows.ids))
+                width = 1 + int(lengths.max())
+            else:
+                admitted = choose.admit(drafted, rows.ids)
+                steps = drafting.steps if drafting is not None else 0
+                if backoff.enabled:
+                    backoff.observe(choose.tree_pays(drafted, admitted, growth_steps=steps))
+                if round_spec.budget > 0:
+                    branching.observe(bool(admitted[:, drafted.num_chain:].any()))
+                admitted &= drafted.depths.cpu() <= outputs.remaining(rows.ids)[:, None]  # never past max_new_tokens
+                block = drafted  # (for the round record and the clock)
+                select_start = time.perf_counter()
+                tree = drafted.select(admitted)  # (its [R, W, V] logits are built only if sampling reads them)
+                lengths = tree.num_nodes.cpu()
+                width = 1 + int(lengths.max()) if tree.tokens.shape[1] else 1
+                tree_seconds = time.perf_counter() - select_start
+                if drafting is None:
+                    tree_seconds = 0.0
+                else:
+                    tree_seconds += drafting.fixed_seconds + drafting.step_seconds
 
         if width == 1:  # no draft to verify: a plain decoding step (every row feeds its anchor)
             lengths = torch.zeros(len(rows), dtype=torch.long)
@@ -508,9 +548,12 @@ def generate(
             step_valid = torch.ones(len(rows), 1, dtype=torch.bool, device=device)
             step_mask = torch.cat([rows.kv_valid, step_valid], dim=1).long()
         elif tree is not None:  # row r feeds [anchor, its verified nodes], right-padded, under the tree mask
+            inputs_start = time.perf_counter()
             tree = tree.to(device)
             tokens, positions, step_mask = verification_inputs(tree, rows.anchors, rows.next_pos, rows.kv_valid,
                                                                implementation=attention, dtype=target.dtype)
+            if drafting is not None:
+                tree_seconds += time.perf_counter() - inputs_start
         else:  # row r feeds [anchor, d_1..d_{l_r}], right-padded to the round's width
             lengths = lengths.to(device)
             drafts = block.tokens[:, : width - 1].to(device)
@@ -526,7 +569,10 @@ def generate(
 
         # accept: each row's longest valid prefix (a tree: path) plus one target token (no drafts: the target's own)
         if width > 1 and tree is not None:
+            check_start = time.perf_counter()
             result = tree_verify(tree, out.logits, sampling, generator=generator, pad_token_id=settings.pad_token_id)
+            if drafting is not None:
+                tree_seconds += time.perf_counter() - check_start
         else:
             # greedy verification compares tokens only: a sparse block's [B, K, V] draft logits are not built for it
             sampled = width > 1 and sampling.do_sample
@@ -549,7 +595,10 @@ def generate(
             records.append(_round_record(rows.ids, block, tree, spec, lengths, result))
         finished = outputs.emit(rows.ids, result.tokens, result.num_new, lengths, result.num_accepted)
         if block is not None:  # the per-round overhead the cost curve does not see: all but the target's forward
-            clock.add(time.perf_counter() - round_start - verify_seconds, draft_seconds)
+            # (a planned round that grew: less its tree work, which the growth clock measures and prices per step)
+            clock.add(time.perf_counter() - round_start - verify_seconds - tree_seconds, draft_seconds)
+            if drafting is not None and tree is not None:
+                growth.add(drafting.steps, drafting.step_seconds, tree_seconds - drafting.step_seconds)
 
     if streamer is not None:
         streamer.end()
@@ -566,10 +615,13 @@ def _round_record(ids: torch.Tensor, block: Any, tree: Any, spec: TreeSpec | Non
     """The round's `RoundRecord`; for tree drafts the chain fields count the chain's nodes (see `RoundRecord`)."""
     confidence_logits = (None if block is None or block.confidence_logits is None
                          else block.confidence_logits.float().cpu())
-    if spec is None or block is None:
-        return RoundRecord(rows=ids.clone(), lengths=lengths.cpu().clone(), accepted=result.num_accepted.cpu().clone(),
-                           confidence_logits=confidence_logits,
-                           drafts=None if block is None else block.tokens.cpu().clone())
+    if spec is None or block is None or not isinstance(block, DraftTree):
+        record = RoundRecord(rows=ids.clone(), lengths=lengths.cpu().clone(),
+                             accepted=result.num_accepted.cpu().clone(), confidence_logits=confidence_logits,
+                             drafts=None if block is None else block.tokens.cpu().clone())
+        if spec is not None and block is not None:  # a tree round that grew nothing: every verified node is the chain's
+            record.tree_verified, record.tree_accepted = record.lengths.clone(), record.accepted.clone()
+        return record
     k = block.num_chain
     chain_verified = ((tree.node_ids < k) & tree.valid).sum(dim=1).cpu()
     path = getattr(result, "path", None)

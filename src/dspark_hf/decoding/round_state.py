@@ -11,9 +11,12 @@ Each piece is a small typed object with the methods the loop calls, so that `gen
   returns the finished mask.
 * `RoundClock`: the measured per-round overhead outside the target's forward (drafting, bookkeeping) and the cost
   curve the policies price with it (`scheduler.WithRoundOverhead`).
+* `GrowthClock`: the measured cost of growing trees beyond their chains (seconds per growth step, fixed seconds per
+  round that grows), priced by the tree policies and the growth plan (`scheduler.GrowthCost`).
 * `ConfidenceHistory`: the async policy's confidences of the last two rounds, aligned with the rows still active.
 * `LengthPolicy`: a round's verification lengths (`fixed`, `threshold`, `scheduled`, `async`) — or, for tree drafts,
-  the nodes each row verifies (`admit`) — and whether drafting the round is expected to pay.
+  the nodes each row verifies (`admit`) and the plan of how far to grow them (`growth_plan`) — and whether drafting
+  the round is expected to pay.
 * `IdleBackoff`: skips the drafter after rounds that did not pay for it (2, 4, ... 32 rounds), probing in between.
 * `BranchBackoff`: the same for tree drafts: drafts chains only after tree rounds in which no node off the chain was
   verified, probing with the full tree in between.
@@ -33,9 +36,10 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..models.drafting import DraftBlock, DSparkContextCache, valid_first_order
 from ..models.modeling_dspark import DSparkDrafter
-from .scheduler import (WithRoundOverhead, async_lengths, async_tree, expected_throughput, expected_tree_throughput,
-                        fixed_lengths, schedule_prefix, schedule_tree, threshold_lengths, threshold_tree)
-from .tree import DraftTree, TreeSpec
+from .scheduler import (GrowthCost, WithRoundOverhead, async_lengths, async_tree, expected_throughput,
+                        expected_tree_throughput, fixed_lengths, schedule_growth, schedule_prefix, schedule_tree,
+                        threshold_lengths, threshold_tree)
+from .tree import DraftTree, GrowthPlan, TreeSpec
 from .verification import SamplingParams
 
 __all__ = [
@@ -43,6 +47,7 @@ __all__ = [
     "ActiveRows",
     "BranchBackoff",
     "ConfidenceHistory",
+    "GrowthClock",
     "IdleBackoff",
     "LengthPolicy",
     "RoundClock",
@@ -400,6 +405,48 @@ class RoundClock:
 
 
 @dataclass
+class GrowthClock:
+    """The measured cost of growing trees beyond their chains, over past rounds that grew (running means).
+
+    Attributes:
+        priced: whether the tree policies price growth (a priced policy with `count_round_overhead` and trees).
+        step_seconds: total seconds of the measured growth steps; steps: how many (a step adds one node to every
+            growing row: a sequential-head step, a projection over the slot's M candidates, the frontier update and
+            the plan's check).
+        tree_seconds: total fixed seconds of the measured growing rounds (the grower's set-up and the `DraftTree`,
+            its selection, per-node inputs and 4-D mask, tree verification); rounds: how many.
+
+    Until a round has grown (and been timed) growth is priced at zero, i.e. by its verification width alone, so the
+    first trees are grown as the width allows and measured; the costs are then the machine's own. They are read
+    from past rounds only, so the plan and the admission stay non-anticipating.
+    """
+
+    priced: bool
+    step_seconds: float = 0.0
+    steps: int = 0
+    tree_seconds: float = 0.0
+    rounds: int = 0
+
+    def add(self, steps: int, step_seconds: float, tree_seconds: float) -> None:
+        """Records one round that grew `steps` steps in `step_seconds`, plus `tree_seconds` of fixed tree work."""
+        if steps <= 0:
+            return
+        self.steps += steps
+        self.step_seconds += step_seconds
+        self.tree_seconds += tree_seconds
+        self.rounds += 1
+
+    def cost(self) -> GrowthCost | None:
+        """The `GrowthCost` to price: None when growth is not priced, free until a growing round was measured."""
+        if not self.priced:
+            return None
+        if self.rounds == 0:
+            return GrowthCost()
+        return GrowthCost(step_seconds=max(self.step_seconds / self.steps, 0.0),
+                          tree_seconds=max(self.tree_seconds / self.rounds, 0.0))
+
+
+@dataclass
 class ConfidenceHistory:
     """The async policy's confidences `[R, K]` (CPU) of the last two drafting rounds, with the rows they belong to
     (for tree drafts: node survivals `[R, N]` and their validity `valid`)."""
@@ -446,6 +493,8 @@ class LengthPolicy:
         threshold: the prefix-survival cut of "threshold".
         clock: the measured round overhead, added to `sps` when priced.
         history: the async policy's past confidences.
+        growth: the measured cost of growing trees, priced by `admit`, `growth_plan` and `tree_pays` when
+            `growth.priced` (trees with "scheduled" / "async" and the round overhead counted).
     """
 
     name: str
@@ -454,6 +503,7 @@ class LengthPolicy:
     threshold: float
     clock: RoundClock
     history: ConfidenceHistory = field(default_factory=ConfidenceHistory)
+    growth: GrowthClock = field(default_factory=lambda: GrowthClock(priced=False))
 
     def lengths(self, block: DraftBlock, rows: torch.Tensor) -> torch.Tensor:
         """`[R]` (CPU) lengths for this round's drafts of `rows` (original indices); reads past rounds only."""
@@ -481,23 +531,39 @@ class LengthPolicy:
         if self.name == "threshold":
             return threshold_tree(survival, valid, self.threshold)
         stale = self.history.two_rounds_ago(rows) if self.name == "async" else None
+        growth = self.growth.cost()
+        priced = dict(growth=growth, num_chain=tree.num_chain) if growth is not None else {}
         if stale is None:
-            admitted = schedule_tree(survival, valid, self.clock.cost(self.sps))
+            admitted = schedule_tree(survival, valid, self.clock.cost(self.sps), **priced)
         else:
             admitted = async_tree(survival, valid, stale, self.history.valid_two_rounds_ago(rows),
-                                  self.clock.cost(self.sps))
+                                  self.clock.cost(self.sps), **priced)
         if self.name == "async":
             self.history.push(survival, rows, valid)
         return admitted
 
-    def tree_pays(self, tree: DraftTree, admitted: torch.Tensor) -> bool:
-        """`pays` for a tree round: expected throughput of the admitted nodes against plain decoding."""
+    def growth_plan(self) -> GrowthPlan:
+        """The plan `tree.TreeDrafting.grow` consults before each growth step: `scheduler.schedule_growth` with this
+        round's cost curve (overhead included) and the measured growth cost (the "scheduled" break, for "async" too:
+        its stale budget caps what is verified, not what is worth growing)."""
+        sps, growth, k = self.clock.cost(self.sps), self.growth.cost(), self.block_size
+
+        def plan(survival: torch.Tensor, valid: torch.Tensor, next_survival: torch.Tensor,
+                 next_valid: torch.Tensor) -> torch.Tensor:
+            return schedule_growth(survival, valid, next_survival, next_valid, sps, growth, k)
+
+        return plan
+
+    def tree_pays(self, tree: DraftTree, admitted: torch.Tensor, growth_steps: int = 0) -> bool:
+        """`pays` for a tree round: expected throughput of the admitted nodes (with the `growth_steps` grown, priced
+        when growth is) against plain decoding."""
         if not bool(admitted.any()):
             return False
         if not self.clock.measured or tree.survival is None:
             return True
         survival = tree.survival.detach().float().cpu().masked_fill(~tree.valid.cpu(), 0.0)
-        return (expected_tree_throughput(survival, admitted, self.clock.cost(self.sps))
+        return (expected_tree_throughput(survival, admitted, self.clock.cost(self.sps), growth=self.growth.cost(),
+                                         growth_steps=growth_steps)
                 > expected_tree_throughput(survival, torch.zeros_like(admitted), self.clock.cost(self.sps,
                                                                                                with_drafter=False)))
 

@@ -25,11 +25,42 @@ verify `[R, N]`: B = sum_r (1 + #admitted_r), tau = sum_r (1 + sum of admitted s
 prefix functions above exactly (node n = position n + 1, the same tie-break). Under load the admission threshold
 rises, so the alternatives (lower survival than the chain's head) go first: trees shrink to chains, chains to nothing.
 
-Every function runs on a few thousand candidates in well under a millisecond (R = 256, K = 16 is 4096).
+**Pricing tree growth** (`GrowthCost`). The chain is drafted whatever is verified, but every node off it (a *branch*,
+node index >= `num_chain`) first has to be grown: one growth step of `tree._TreeGrower` (a sequential-head step, a
+projection over the slot's M candidates, the frontier update; vectorised, so one step adds a node to every growing
+row) costs `step_seconds`, and a round that grows at all pays `tree_seconds` once (the grower's set-up, the tree's
+selection, per-node inputs and 4-D mask, tree verification). Both are measured on the machine, on past rounds
+(`round_state.GrowthClock`). With `growth=`, the tree functions price them in the same objective: in the sorted
+order, the first n candidates need g_n = max over rows of the branches among them growth steps, and
+
+    Theta_n = tau_n / (1 / SPS(B_n) + tree_seconds * [g_n > 0] + step_seconds * g_n).
+
+A branch whose admission does not improve Theta is skipped, and its row admits no further branch (they rank lower
+and need at least as much growth), instead of ending the admission: a chain node ranked after it needs no growth and
+may still pay. A chain node that does not improve Theta ends it, as in Algorithm 1. `growth=None` (or a free
+`GrowthCost`) is Theta_n = tau_n * SPS(B_n) with the plain break, bit for bit today's. `schedule_growth` runs the
+same break *before* each growth step, over the candidates known then (every chain node, the branches grown so far,
+and each row's next best-first candidate, whose survival estimate is known before its token is drawn): it says which
+rows grow their next node. Its first call reads the chain's survivals and the estimates of the chain nodes' first
+siblings only, so when no branch pays nothing is grown and the round is the chain's (`batched.generate` then
+verifies it exactly as `tree_budget=None` does: no tree, no 4-D mask).
+
+Why the pricing keeps non-anticipation: the priced break is a prefix rule. Whether candidate n is admitted (or
+grown) is decided by a scan of the sorted order that has looked only at the positions before n and at n's own
+estimate, never at n's token; skipping a branch, stopping its row's branches and the price of a position (its width
+and the growth steps the admitted prefix needs) are all functions of that prefix. Candidates ranked before n are
+outside n's subtree (see `schedule_tree`); a branch grown by an earlier step was itself decided by the prefix above
+it, and each row's next candidate is its best-first frontier key (ancestors and earlier siblings only), so the set of
+nodes that exist when n is decided never depends on n's subtree either. The chain is drafted before any of this and
+is never dropped from the tree, only from verification, by the same prefix rule.
+
+Every function runs on a few thousand candidates in well under a millisecond (R = 256, K = 16 is 4096), except the
+priced scan (a Python loop over the sorted candidates: about a millisecond per thousand).
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Callable, Union
 
 import numpy as np
@@ -37,6 +68,7 @@ import torch
 
 __all__ = [
     "POLICIES",
+    "GrowthCost",
     "SPSLike",
     "WithRoundOverhead",
     "async_lengths",
@@ -45,6 +77,7 @@ __all__ = [
     "expected_tree_throughput",
     "fixed_lengths",
     "prefix_survival",
+    "schedule_growth",
     "schedule_prefix",
     "schedule_tree",
     "sps_values",
@@ -237,11 +270,111 @@ def _admitted_nodes(rows: torch.Tensor, nodes: torch.Tensor, admitted: int, shap
     return mask
 
 
-def schedule_tree(survival: torch.Tensor, valid: torch.Tensor, sps: SPSLike, early_stop: bool = True) -> torch.Tensor:
+@dataclass(frozen=True)
+class GrowthCost:
+    """What growing a tree beyond its chain costs, in seconds (measured on the machine: `round_state.GrowthClock`).
+
+    Attributes:
+        step_seconds: one growth step: one more node in every growing row (a sequential-head step, a projection over
+            the slot's M candidates, the frontier update, the growth plan's own check).
+        tree_seconds: once per round that grows at all: the grower's set-up, the tree's selection, its per-node
+            inputs and 4-D attention mask, and tree verification.
+    """
+
+    step_seconds: float = 0.0
+    tree_seconds: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.step_seconds >= 0 and self.tree_seconds >= 0):
+            raise ValueError(f"GrowthCost needs seconds >= 0, got {self.step_seconds}, {self.tree_seconds}")
+
+    @property
+    def free(self) -> bool:
+        """Whether growth costs nothing (the tree functions then price verification width alone)."""
+        return self.step_seconds == 0 and self.tree_seconds == 0
+
+
+def _growth_steps(rows: torch.Tensor, branch: np.ndarray, num_requests: int) -> np.ndarray:
+    """g_n for n = 1..L sorted candidates: the growth steps the first n need, max over rows of their branches."""
+    steps = np.zeros(len(branch), dtype=np.float64)
+    where = np.flatnonzero(branch)
+    if len(where):
+        owner = rows.numpy()[where]
+        order = np.argsort(owner, kind="stable")  # by row, each row's branches in sorted order
+        grouped = owner[order]
+        rank = np.arange(len(grouped)) - np.searchsorted(grouped, grouped, side="left") + 1
+        steps[where[order]] = rank  # the k-th branch of its row needs k steps
+    return np.maximum.accumulate(steps)
+
+
+def _tree_throughput_curve(values: torch.Tensor, rows: torch.Tensor, nodes: torch.Tensor, num_requests: int,
+                           sps: SPSLike, growth: GrowthCost | None, num_chain: int | None) -> torch.Tensor:
+    """Theta_n for n = 0..L sorted candidates, growth priced (module docstring). float64 `[L + 1]`."""
+    if growth is None or growth.free:
+        return _throughput_curve(values, num_requests, sps)
+    if num_chain is None:
+        raise ValueError("pricing growth needs num_chain (node indices >= num_chain are the branches to grow)")
+    tau = num_requests + torch.cat([torch.zeros(1, dtype=torch.float64), values.double().cumsum(0)])
+    batch = num_requests + torch.arange(len(values) + 1)
+    steps = torch.from_numpy(np.concatenate([[0.0], _growth_steps(rows, (nodes >= num_chain).numpy(),
+                                                                  num_requests)]))
+    seconds = (1.0 / sps_values(sps, batch) + growth.tree_seconds * (steps > 0).double()
+               + growth.step_seconds * steps)
+    return tau / seconds
+
+
+def _priced_scan(values: torch.Tensor, rows: torch.Tensor, nodes: torch.Tensor, num_requests: int, sps: SPSLike,
+                 growth: GrowthCost, num_chain: int) -> list[int]:
+    """Algorithm 1's break with growth priced: the sorted positions admitted. A branch that does not improve Theta
+    is skipped and its row verifies no further branch this round (its later branches rank lower and need at least
+    the same growth); a chain node that does not improve Theta ends the admission (the break). Every decision reads
+    the sorted prefix before it only."""
+    curve = sps_values(sps, num_requests + torch.arange(len(values) + 1))  # SPS(B) for B = R .. R + L
+    steps_per_second, inverse = curve.tolist(), (1.0 / curve).tolist()
+    counts = [0] * num_requests
+    stopped = [False] * num_requests
+    acc, admitted, steps, theta = 0.0, 0, 0, float(num_requests) * steps_per_second[0]
+    chosen = []
+    step_s, tree_s = growth.step_seconds, growth.tree_seconds
+    for position, (value, row, node) in enumerate(zip(values.tolist(), rows.tolist(), nodes.tolist())):
+        branch = node >= num_chain
+        if branch and stopped[row]:
+            continue
+        g = max(steps, counts[row] + 1) if branch else steps
+        tau = num_requests + (acc + value)
+        if g == 0:  # no growth yet: exactly the unpriced Theta
+            candidate = tau * steps_per_second[admitted + 1]
+        else:
+            candidate = tau / (inverse[admitted + 1] + tree_s + step_s * g)
+        if candidate > theta:
+            chosen.append(position)
+            acc, admitted, steps, theta = acc + value, admitted + 1, g, candidate
+            if branch:
+                counts[row] += 1
+        elif branch:
+            stopped[row] = True
+        else:
+            break
+    return chosen
+
+
+def _break(theta: torch.Tensor, early_stop: bool) -> int:
+    if early_stop:
+        improves = theta[1:] > theta[:-1]
+        return int(torch.cumprod(improves.long(), 0).sum()) if len(improves) else 0
+    return int(torch.argmax(theta))  # first maximum: the smallest batch among ties
+
+
+def schedule_tree(survival: torch.Tensor, valid: torch.Tensor, sps: SPSLike, early_stop: bool = True, *,
+                  growth: GrowthCost | None = None, num_chain: int | None = None) -> torch.Tensor:
     """Algorithm 1 over tree nodes: the `[R, N]` mask of nodes to verify, maximising Theta = tau * SPS(B).
 
     Candidates (r, n) are admitted in descending survival s_{r,n} (ties: node index, then request) while Theta
-    improves; `early_stop` stops at the first non-improvement.
+    improves; `early_stop` stops at the first non-improvement. With `growth` (and `num_chain`: nodes at index >=
+    `num_chain` are branches) Theta also prices the growth steps and the per-round tree cost the admitted branches
+    need (module docstring): a branch is verified only when it pays for its width *and* its growth, and one that does
+    not is skipped with its row's later branches while chain nodes ranked after it are still considered; with a free
+    `GrowthCost` (or None) the result is exactly the unpriced one.
 
     Appendix A's non-anticipation argument, for trees: the admission of node n must not depend on n's own token or on
     anything drawn after it from n's point of view — its descendants, its later siblings and their descendants
@@ -259,13 +392,39 @@ def schedule_tree(survival: torch.Tensor, valid: torch.Tensor, sps: SPSLike, ear
     if r == 0:
         raise ValueError("schedule_tree needs at least one request")
     values, rows, nodes = _sorted_nodes(survival, valid)
-    theta = _throughput_curve(values, r, sps)
-    if early_stop:
-        improves = theta[1:] > theta[:-1]
-        admitted = int(torch.cumprod(improves.long(), 0).sum()) if len(improves) else 0
-    else:
-        admitted = int(torch.argmax(theta))
-    return _admitted_nodes(rows, nodes, admitted, survival.shape)
+    priced = growth is not None and not growth.free
+    if priced and num_chain is None:
+        raise ValueError("pricing growth needs num_chain (node indices >= num_chain are the branches to grow)")
+    if priced and early_stop and bool((nodes >= num_chain).any()):
+        chosen = torch.tensor(_priced_scan(values, rows, nodes, r, sps, growth, num_chain), dtype=torch.long)
+        mask = torch.zeros(survival.shape, dtype=torch.bool)
+        mask[rows[chosen], nodes[chosen]] = True
+        return mask
+    theta = _tree_throughput_curve(values, rows, nodes, r, sps, growth if priced else None, num_chain)
+    return _admitted_nodes(rows, nodes, _break(theta, early_stop), survival.shape)
+
+
+def schedule_growth(survival: torch.Tensor, valid: torch.Tensor, next_survival: torch.Tensor,
+                    next_valid: torch.Tensor, sps: SPSLike, growth: GrowthCost | None,
+                    num_chain: int) -> torch.Tensor:
+    """`[R]` bool: which rows grow their next node, decided before it is drawn.
+
+    Args:
+        survival, valid: `[R, N]` the nodes known now (the chain at indices < `num_chain`, then the branches grown so
+            far, in creation order).
+        next_survival, next_valid: `[R]` each row's next best-first candidate: its survival estimate (known before
+            its token is drawn) and whether it has one. It will become node N.
+        sps, growth, num_chain: as for `schedule_tree`.
+
+    The candidate is grown iff the priced break (`schedule_tree(..., growth=growth)`) over the known nodes plus the
+    candidates admits it: a prefix rule, so the decision reads only the candidates ranked before it and its own
+    estimate (module docstring). With a free `growth` only verification width is priced.
+    """
+    survival, valid = _check_survival(survival, valid)
+    known = torch.cat([survival, next_survival.detach().float().cpu()[:, None].clamp(0.0, 1.0)], dim=1)
+    live = torch.cat([valid, next_valid.detach().bool().cpu()[:, None]], dim=1)
+    known = known.masked_fill(~live, 0.0)  # (-inf keys of rows without a candidate)
+    return schedule_tree(known, live, sps, growth=growth, num_chain=num_chain)[:, -1] & live[:, -1]
 
 
 def threshold_tree(survival: torch.Tensor, valid: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -277,26 +436,33 @@ def threshold_tree(survival: torch.Tensor, valid: torch.Tensor, threshold: float
 
 
 def async_tree(survival: torch.Tensor, valid: torch.Tensor, stale_survival: torch.Tensor, stale_valid: torch.Tensor,
-               sps: SPSLike) -> torch.Tensor:
+               sps: SPSLike, *, growth: GrowthCost | None = None, num_chain: int | None = None) -> torch.Tensor:
     """Section 5.2 for trees: the token budget from a global search over the node survivals of two rounds ago
-    (`stale_*`, rows aligned with the current ones), then the current nodes top-budget by current survival (the
-    ranking puts a node after its parent and earlier siblings, so the admitted set is a tree per row)."""
+    (`stale_*`, rows aligned with the current ones; growth priced as in `schedule_tree` when given), then the current
+    nodes top-budget by current survival (the ranking puts a node after its parent and earlier siblings, so the
+    admitted set is a tree per row)."""
     if stale_survival.shape[0] != survival.shape[0]:
         raise ValueError(f"stale survivals have {stale_survival.shape[0]} rows, current have {survival.shape[0]}")
-    budget = int(schedule_tree(stale_survival, stale_valid, sps, early_stop=False).sum())
+    budget = int(schedule_tree(stale_survival, stale_valid, sps, early_stop=False, growth=growth,
+                               num_chain=num_chain).sum())
     survival, valid = _check_survival(survival, valid)
     values, rows, nodes = _sorted_nodes(survival, valid)
     return _admitted_nodes(rows, nodes, min(budget, len(values)), survival.shape)
 
 
-def expected_tree_throughput(survival: torch.Tensor, admitted: torch.Tensor, sps: SPSLike) -> float:
-    """Theta = tau * SPS(B) for the admitted nodes `[R, N]`: tau = R + sum of their survivals, B = R + their count."""
+def expected_tree_throughput(survival: torch.Tensor, admitted: torch.Tensor, sps: SPSLike, *,
+                             growth: GrowthCost | None = None, growth_steps: int = 0) -> float:
+    """Theta = tau * SPS(B) for the admitted nodes `[R, N]`: tau = R + sum of their survivals, B = R + their count;
+    with `growth`, the round's time also counts `growth_steps` growth steps (and the tree cost when > 0)."""
     survival = survival.detach().float().cpu()
     admitted = admitted.cpu()
     r = survival.shape[0]
     tau = r + float((survival * admitted).sum())
     batch = int(r + admitted.sum())
-    return tau * float(sps_values(sps, torch.tensor([batch]))[0])
+    steps_per_second = float(sps_values(sps, torch.tensor([batch]))[0])
+    if growth is None or growth.free or growth_steps <= 0:
+        return tau * steps_per_second
+    return tau / (1.0 / steps_per_second + growth.tree_seconds + growth.step_seconds * growth_steps)
 
 
 POLICIES = ("fixed", "threshold", "scheduled", "async")

@@ -33,6 +33,17 @@ ranks n before everything in that subtree and decides n from nodes outside it. G
 (its output is the target's argmax sequence whatever is verified), so there an alternative may outrank the chain
 draft it competes with (keys still never increase from parent to child, so verified sets stay trees).
 
+**Priced growth** (`TreeDrafting`, used by `batched.generate` for the "scheduled" / "async" policies when they price
+their round overhead). A round drafts the chain first, exactly as `drafter.draft` does; then, before each growth step,
+a *plan* (`scheduler.schedule_growth`) decides from the survival estimates known at that point (the chain's, the
+branches grown so far and each row's next best-first candidate, none of which reads that candidate's token) which
+rows grow their next node, pricing its measured drafting cost (seconds per growth step, and a fixed cost per round
+that grows at all: `round_state.GrowthClock`) next to its verification width. The budget is thus an upper bound and
+the number of nodes actually grown is chosen where they pay; when the first step already does not pay, nothing is
+grown and the round is the chain's. The plan is a prefix rule over the same order as the frontier's keys, so it
+keeps the non-anticipation above: the decision to grow n reads only what ranks before n, and the nodes that exist
+when n is decided were themselves decided by what ranked before them (`scheduler` module docstring).
+
 The target forward over a tree (4-D mask, per-node positions) and the target check live in `tree_attention`; the
 verification math in `tree_verification`.
 
@@ -45,7 +56,8 @@ dispatches to it.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+import time
+from typing import Any, Callable
 
 import torch
 
@@ -53,7 +65,7 @@ from ..models.drafting import DraftBlock, DSparkContextCache, valid_first_order
 from ..models.modeling_dspark import DSparkDrafter
 from .verification import SamplingParams
 
-__all__ = ["DraftTree", "TreeSpec", "draft_tree", "draft_tree_for"]
+__all__ = ["DraftTree", "GrowthPlan", "TreeDrafting", "TreeSpec", "draft_tree", "draft_tree_for", "plans_growth"]
 
 
 @dataclass(frozen=True)
@@ -273,14 +285,65 @@ def draft_tree(drafter: DSparkDrafter, cache: DSparkContextCache, anchor_ids: to
     if spec.budget == 0 or spec.max_children < 2:
         return DraftTree.from_block(drafter.draft(cache, anchor_ids, anchor_positions=anchor_positions,
                                                   sampling=sampling, generator=generator))
-    if drafter.confidence_head is None:
-        raise ValueError("tree drafting (tree_budget > 0) spends its budget by the confidence head's survival "
-                         "estimates; this drafter has no confidence head (use tree_budget=None or 0)")
-    hidden = drafter.draft_slots(drafter.block_states(cache, anchor_ids, anchor_positions))  # [B, K, d]
-    base = drafter.draft_logits(hidden)  # [B, K, Vd] float32
-    prepared = drafter.prepare_candidates(base)
-    chain = drafter.sample_block(hidden, base, anchor_ids, sampling=sampling, generator=generator, prepared=prepared)
-    return _TreeGrower(drafter, hidden, base, prepared, anchor_ids, chain, spec, sampling, generator).grow()
+    return TreeDrafting(drafter, cache, anchor_ids, anchor_positions=anchor_positions, spec=spec, sampling=sampling,
+                        generator=generator).grow()
+
+
+GrowthPlan = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+"""`plan(survival [B, N], valid [B, N], next_survival [B], next_valid [B]) -> [B] bool`: before a growth step, given
+the nodes so far and each row's next best-first candidate's survival estimate (not its token), which rows grow it
+(`scheduler.schedule_growth`)."""
+
+
+def plans_growth(drafter: DSparkDrafter) -> bool:
+    """Whether `TreeDrafting` drafts this drafter's chain exactly as its `draft` does (its class keeps
+    `DSparkDrafter.draft` and defines no `draft_tree` of its own), so that a round that grows nothing is the chain's."""
+    return type(drafter).draft is DSparkDrafter.draft and not callable(getattr(drafter, "draft_tree", None))
+
+
+class TreeDrafting:
+    """One tree-drafting round in two stages: the chain on construction (`chain`: exactly `drafter.draft`'s block,
+    drawing the same random numbers), then `grow(plan)`, which adds up to `spec.budget` nodes per row best first
+    (`plan` may stop rows earlier, before drawing their next node).
+
+    Timing of the last `grow` (wall clock, for `round_state.GrowthClock`): `steps` growth steps, `step_seconds`
+    spent in them (the plan's checks included), `fixed_seconds` outside them (set-up, the first frontier, building
+    the `DraftTree`).
+    """
+
+    def __init__(self, drafter: DSparkDrafter, cache: DSparkContextCache, anchor_ids: torch.LongTensor, *,
+                 anchor_positions: torch.LongTensor | None = None, spec: TreeSpec, sampling: SamplingParams,
+                 generator: torch.Generator | None = None) -> None:
+        if spec.budget > 0 and spec.max_children >= 2 and drafter.confidence_head is None:
+            raise ValueError("tree drafting (tree_budget > 0) spends its budget by the confidence head's survival "
+                             "estimates; this drafter has no confidence head (use tree_budget=None or 0)")
+        self.drafter, self.anchor_ids, self.spec, self.sampling = drafter, anchor_ids, spec, sampling
+        self.generator = generator
+        self.hidden = drafter.draft_slots(drafter.block_states(cache, anchor_ids, anchor_positions))  # [B, K, d]
+        self.base = drafter.draft_logits(self.hidden)  # [B, K, Vd] float32
+        self.prepared = drafter.prepare_candidates(self.base)
+        self.chain = drafter.sample_block(self.hidden, self.base, anchor_ids, sampling=sampling, generator=generator,
+                                          prepared=self.prepared)
+        self.steps, self.step_seconds, self.fixed_seconds = 0, 0.0, 0.0
+
+    @property
+    def can_branch(self) -> bool:
+        return self.spec.budget > 0 and self.spec.max_children >= 2
+
+    def grow(self, plan: GrowthPlan | None = None) -> DraftTree | None:
+        """The tree: the chain plus up to `spec.budget` nodes per row. With `plan`, `None` when it grows no node at
+        all (the round is the chain: `chain`); without one, always a tree (`draft_tree`'s)."""
+        start = time.perf_counter()
+        self.steps, self.step_seconds = 0, 0.0
+        if not self.can_branch:
+            self.fixed_seconds = time.perf_counter() - start
+            return None if plan is not None else DraftTree.from_block(self.chain)
+        grower = _TreeGrower(self.drafter, self.hidden, self.base, self.prepared, self.anchor_ids, self.chain,
+                             self.spec, self.sampling, self.generator, plan=plan)
+        tree = grower.grow()
+        self.steps, self.step_seconds = grower.steps, grower.step_seconds
+        self.fixed_seconds = time.perf_counter() - start - self.step_seconds
+        return None if plan is not None and grower.steps == 0 else tree
 
 
 class _TreeGrower:
@@ -291,8 +354,10 @@ class _TreeGrower:
 
     def __init__(self, drafter: DSparkDrafter, hidden: torch.Tensor, base: torch.Tensor, prepared: Any,
                  anchor_ids: torch.LongTensor, chain: DraftBlock, spec: TreeSpec, sampling: SamplingParams,
-                 generator: torch.Generator | None) -> None:
+                 generator: torch.Generator | None, plan: GrowthPlan | None = None) -> None:
         self.drafter, self.hidden, self.base, self.prepared = drafter, hidden, base, prepared
+        self.plan = plan
+        self.steps, self.step_seconds = 0, 0.0
         self.head, self.spec, self.sampling, self.generator = drafter.markov_head, spec, sampling, generator
         self.chain = chain
         b, k = chain.tokens.shape
@@ -423,17 +488,31 @@ class _TreeGrower:
 
     # -------------------------------------------------------------------------------------- growth
     def grow(self) -> DraftTree:
-        """Adds `budget` nodes per row, one per row per step, each the frontier candidate of highest survival."""
+        """Adds `budget` nodes per row, one per row per step, each the frontier candidate of highest survival; with
+        a `plan`, a row stops growing at the first step whose candidate the plan declines (decided from the candidate's
+        survival estimate and the nodes before it, before its token is drawn). Records `steps` (steps that grew a
+        node somewhere) and `step_seconds`."""
         b, n, k = self.b, self.n, self.k
         self._first_child_candidates()
         rows = torch.arange(b, device=self.device)
         neg = torch.tensor(float("-inf"), device=self.device)
         at = lambda t, index: t.gather(1, index[:, None]).squeeze(1)  # noqa: E731  [B, N] at per-row index -> [B]
+        stopped = torch.zeros(b, dtype=torch.bool, device=self.device)
+        plan = self.plan
+        self.steps, self.step_seconds = 0, 0.0
         for m in range(k, n):
+            step_start = time.perf_counter()
             best_key, best = torch.cat([self.first_key, self.sibling_key], dim=1).max(dim=1)  # first max on ties
-            ok = torch.isfinite(best_key)
+            ok = torch.isfinite(best_key) & ~stopped
+            if plan is not None and bool(ok.any()):
+                go = plan(self.survival[:, :m], self.valid[:, :m], torch.where(ok, best_key, torch.zeros_like(
+                    best_key)), ok).to(self.device)
+                stopped |= ok & ~go  # its next node does not pay: the row grows no more this round
+                ok = ok & go
             if not bool(ok.any()):
+                self.step_seconds += time.perf_counter() - step_start
                 break
+            self.steps += 1
             src, first = best % n, (best < n) & ok  # the node the candidate hangs from; first child or next sibling
             parent = torch.where(first, src, at(self.parents, src))
             depth, rank = at(self.depths, src) + first.long(), torch.where(first, 0, at(self.rank, src) + 1)
@@ -474,6 +553,7 @@ class _TreeGrower:
             deeper = ok & (depth < k)
             if bool(deeper.any()):
                 self._expand(m, token, depth.clamp(max=k - 1), deeper)
+            self.step_seconds += time.perf_counter() - step_start
         used = int(self.valid.sum(dim=0).nonzero().max()) + 1
         arange = torch.arange(used, device=self.device).expand(b, used)
         return DraftTree(tokens=self.tokens[:, :used], parents=self.parents[:, :used], depths=self.depths[:, :used],
