@@ -209,6 +209,33 @@ def test_under_load_trees_shrink_to_chains_then_to_nothing():
     assert alt_counts[-1] == 0 and chain_counts[-1] == 0  # nothing
 
 
+def _monotone_random_trees(g: torch.Generator, r: int, n: int, chain: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`r` random trees of `n` nodes (the first `chain` a chain) whose survival keys never increase along
+    first-child / next-sibling edges (creation order): parents and survival `[r, n]`."""
+    parents = torch.full((r, n), -1)
+    survival = torch.zeros(r, n)
+    for row in range(r):
+        for node in range(n):
+            parent = node - 1 if node < chain else (int(torch.randint(-1, node, (1,), generator=g)) if node else -1)
+            parents[row, node] = parent
+            earlier = [m for m in range(node) if int(parents[row, m]) == parent]
+            cap = float(survival[row, earlier[-1]]) if earlier else (
+                1.0 if parent < 0 else float(survival[row, parent]))
+            survival[row, node] = cap * float(torch.rand(1, generator=g)) ** 0.3
+    return parents, survival
+
+
+def _subtree_of(parents: torch.Tensor, node: int) -> set[int]:
+    """Node's subtree in the left-child right-sibling view (itself excluded): its later siblings, its descendants and
+    theirs."""
+    sub: set[int] = set()
+    for m in range(node + 1, parents.shape[0]):
+        p = int(parents[m])
+        if p == int(parents[node]) or p == node or p in sub:
+            sub.add(m)
+    return sub
+
+
 def test_a_nodes_admission_never_depends_on_its_own_subtree():
     """Random trees with keys that never increase along first-child / next-sibling edges (creation order). Changing
     the survivals inside node n's subtree (itself excluded; its descendants, later siblings and theirs), keeping that
@@ -216,26 +243,13 @@ def test_a_nodes_admission_never_depends_on_its_own_subtree():
     g = torch.Generator().manual_seed(0)
     for trial in range(60):
         r, n = 3, 7
-        parents = torch.full((r, n), -1)
-        survival = torch.zeros(r, n)
-        for row in range(r):
-            for node in range(n):
-                parent = int(torch.randint(-1, node, (1,), generator=g)) if node else -1
-                parents[row, node] = parent
-                earlier = [m for m in range(node) if int(parents[row, m]) == parent]
-                cap = float(survival[row, earlier[-1]]) if earlier else (
-                    1.0 if parent < 0 else float(survival[row, parent]))
-                survival[row, node] = cap * float(torch.rand(1, generator=g)) ** 0.3
+        parents, survival = _monotone_random_trees(g, r, n)
         valid = torch.ones(r, n, dtype=torch.bool)
         sps = _sps(float(torch.rand(1, generator=g)) * 0.2)
         base = schedule_tree(survival, valid, sps)
         row, node = int(torch.randint(0, r, (1,), generator=g)), int(torch.randint(0, n, (1,), generator=g))
         # node's subtree in the left-child right-sibling view: later siblings, descendants of node and of them
-        sub = set()
-        for m in range(node + 1, n):
-            p = int(parents[row, m])
-            if p == int(parents[row, node]) or p == node or p in sub:
-                sub.add(m)
+        sub = _subtree_of(parents[row], node)
         changed = survival.clone()
         for m in sorted(sub):  # shrink the subtree's keys (keeps the invariant)
             changed[row, m] = changed[row, m] * float(torch.rand(1, generator=g))
@@ -318,27 +332,14 @@ def test_priced_admission_never_depends_on_a_nodes_own_subtree():
     g = torch.Generator().manual_seed(7)
     for trial in range(60):
         r, n = 3, 7
-        parents = torch.full((r, n), -1)
-        survival = torch.zeros(r, n)
-        for row in range(r):
-            for node in range(n):
-                parent = node - 1 if node < 2 else int(torch.randint(-1, node, (1,), generator=g))
-                parents[row, node] = parent
-                earlier = [m for m in range(node) if int(parents[row, m]) == parent]
-                cap = float(survival[row, earlier[-1]]) if earlier else (
-                    1.0 if parent < 0 else float(survival[row, parent]))
-                survival[row, node] = cap * float(torch.rand(1, generator=g)) ** 0.3
+        parents, survival = _monotone_random_trees(g, r, n, chain=2)
         valid = torch.ones(r, n, dtype=torch.bool)
         sps = _sps(float(torch.rand(1, generator=g)) * 0.2)
         cost = GrowthCost(step_seconds=float(torch.rand(1, generator=g)) * 0.1,
                           tree_seconds=float(torch.rand(1, generator=g)) * 0.1)
         base = schedule_tree(survival, valid, sps, growth=cost, num_chain=2)
         row, node = int(torch.randint(0, r, (1,), generator=g)), int(torch.randint(0, n, (1,), generator=g))
-        sub = set()
-        for m in range(node + 1, n):
-            p = int(parents[row, m])
-            if p == int(parents[row, node]) or p == node or p in sub:
-                sub.add(m)
+        sub = _subtree_of(parents[row], node)
         changed = survival.clone()
         for m in sorted(sub):
             changed[row, m] = changed[row, m] * float(torch.rand(1, generator=g))
