@@ -13,7 +13,7 @@ from dspark_hf.training.data import (GenerationRecipe, TokenizedExample, _write_
                                      read_examples, sample_anchors, summarize_data)
 from dspark_hf.training.features import FeatureCache, OnlineFeatures, build_feature_cache
 from dspark_hf.training.losses import LossWeights, dspark_loss, position_weights
-from dspark_hf.training.trainer import DSparkTrainer, build_drafter, split_examples
+from dspark_hf.training.trainer import DSparkTrainer, build_drafter, split_examples, subset_examples
 from dspark_hf.training.config import DSparkTrainingConfig, load_training_config
 
 
@@ -233,6 +233,34 @@ def test_exact_resume(tmp_path):
         assert x["step"] == y["step"] and x["loss"] == pytest.approx(y["loss"], abs=1e-5)
 
 
+def test_stop_at_step_ends_early_under_the_full_schedule(tmp_path):
+    """stop_at_step=4 of a 10-step cosine run: steps 1..4 at the 10-step schedule's learning rates, a checkpoint and
+    a final drafter at step 4, and resuming without it continues exactly as an uninterrupted run."""
+    target = make_target("llama")
+    examples = learnable_examples(target, count=40)
+
+    def run(folder, resume, **kw):
+        cfg = tiny_config(tmp_path, output_dir=str(tmp_path / folder), max_steps=10, warmup_steps=2, log_every=1,
+                          resume=resume, batch_size=3, lr_schedule="cosine", **kw)
+        torch.manual_seed(0)
+        trainer = DSparkTrainer(cfg, target, examples, drafter=build_drafter(cfg, target), progress=False)
+        trainer.train()
+        return [json.loads(line) for line in (tmp_path / folder / "log.jsonl").read_text().splitlines()]
+
+    straight = run("a", False)
+    early = run("b", False, stop_at_step=4)
+    assert [r["step"] for r in early] == [1, 2, 3, 4]
+    assert [r["lr"] for r in early] == pytest.approx([r["lr"] for r in straight[:4]])
+    assert early[-1]["lr"] > 0.5 * 3e-3  # at 85% of the peak, not decayed to 0 as a 4-step schedule would be
+    assert (tmp_path / "b" / "checkpoint-000004").is_dir() and (tmp_path / "b" / "final").is_dir()
+    resumed = run("b", True)
+    assert [r["step"] for r in resumed] == list(range(1, 11))
+    for x, y in zip(straight[4:], resumed[4:]):
+        assert x["loss"] == pytest.approx(y["loss"], abs=1e-5)
+    with pytest.raises(ValueError, match="stop_at_step"):
+        DSparkTrainingConfig(stop_at_step=0)
+
+
 # ---------------------------------------------------------------------------------------------- bad input
 def test_config_errors(tmp_path):
     (tmp_path / "c.yaml").write_text("learning_rate: 0.001\nlearnig_rate: 3\n")
@@ -261,6 +289,24 @@ def test_heldout_split_is_stable():
     a = split_examples(examples, 0.2)
     b = split_examples(list(reversed(examples)), 0.2)
     assert {e.id for e in a[1]} == {e.id for e in b[1]} and 0 < len(a[1]) < 50
+
+
+def test_max_examples_is_a_fixed_order_free_subset_that_only_grows(tmp_path):
+    target = make_target("llama")
+    examples = learnable_examples(target, count=40)
+    small, large = subset_examples(examples, 10), subset_examples(examples, 25)
+    assert len(small) == 10 and len(large) == 25
+    assert {e.id for e in small} < {e.id for e in large}  # growing the count only adds examples
+    assert {e.id for e in subset_examples(list(reversed(examples)), 10)} == {e.id for e in small}  # order-free
+    positions = [examples.index(e) for e in small]
+    assert positions == sorted(positions)  # kept in data order
+    assert max(positions) > 10  # not simply the first ten
+    assert subset_examples(examples, None) == examples and subset_examples(examples, 99) == examples
+    trainer = DSparkTrainer(tiny_config(tmp_path, max_examples=7, max_steps=1), target, examples, progress=False)
+    heldout = {e.id for e in split_examples(examples, 0.1)[1]}
+    assert len(trainer.train_examples) == 7 and not heldout & {e.id for e in trainer.train_examples}
+    with pytest.raises(ValueError, match="max_examples"):
+        DSparkTrainingConfig(target="x", data_dir="y", max_examples=0)
 
 
 def test_bf16_mixed_precision_trains(tmp_path):

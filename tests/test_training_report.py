@@ -46,7 +46,8 @@ def test_report_adds_the_heldout_learning_curve_when_runs_measured_it(tmp_path):
     out = report({"dspark": a, "dflash": b}, tmp_path / "out")
     md = (out / "training.md").read_text()
     assert "| dspark | 10 | 0.50 | 1.250 | 0.200 |" in md and "| dspark | 20 | 1.00 | 1.750 | 0.500 |" in md
-    assert "| dflash |" not in md.split("Held-out tau along the way")[1]  # b measured nothing held out
+    held = md.split("Held-out tau along the way")[1].split("At equal steps")[0]
+    assert "| dflash |" not in held  # b measured nothing held out
     assert json.loads((out / "training.json").read_text())["heldout"]["dspark"][1]["heldout_tau"] == 1.75
     assert (out / "learning_curve.png").stat().st_size > 1000
     assert not (tmp_path / "out2").exists()
@@ -70,3 +71,24 @@ def test_equal_budget_interpolates_the_longer_run_at_the_shorter_runs_last_evalu
     md = (report({"dspark": a, "dflash": b}, tmp_path / "out") / "training.md").read_text()
     assert "equal training budget of 0.56 CPU hours" in md
     assert "| dspark | 2.000 | 1.000x |" in md and "| dflash | 1.600 | 0.800x |" in md
+
+
+def test_equal_steps_compares_runs_over_the_same_window_and_the_last_common_evaluation(tmp_path):
+    from dspark_hf.evaluation.training_report import equal_step_summary, read_run
+
+    a = _run(tmp_path / "a", "dspark", [1.0, 1.2, 1.4, 1.6, 1.8, 2.0, 2.2, 2.4])  # steps 10..80
+    b = _run(tmp_path / "b", "dspark", [1.0, 1.1, 1.1, 1.1])  # steps 10..40: the window is steps 1..40
+    for folder, steps in ((a, [20, 40, 60]), (b, [20, 40])):
+        (folder / "heldout.jsonl").write_text("".join(json.dumps(
+            {"step": s, "train_seconds": 10.0 * s, "heldout_tau": 1 + s / 100 * (2 if folder == a else 1),
+             "heldout_accept@1": 0.1}) + "\n" for s in steps))
+    got = equal_step_summary({"two": read_run(a), "one": read_run(b)})
+    assert (got["from_step"], got["to_step"], got["heldout_step"]) == (1, 40, 40)
+    assert got["runs"]["two"]["expected_tau"] == pytest.approx((1.0 + 1.2 + 1.4 + 1.6) / 4)  # not a's last steps
+    assert got["runs"]["one"]["heldout_tau"] == pytest.approx(1.4) and got["runs"]["two"]["heldout_tau"] == 1.8
+    md = (report({"two": a, "one": b}, tmp_path / "out") / "training.md").read_text()
+    assert "averages over steps 1-40" in md and "held-out tau at step 40" in md
+    assert "| one | 0.521 | 1.075 | 0.075 | 1.400 | 0.778x |" in md
+    (b / "heldout.jsonl").write_text("")
+    assert equal_step_summary({"two": read_run(a), "one": read_run(b)})["heldout_step"] is None
+    assert equal_step_summary({"two": read_run(a)}) is None

@@ -6,7 +6,9 @@ training-batch acceptance diagnostics) and `training.png` (expected tau and acce
 diagnostics are computed on training batches against the target's distribution (c* = 1 - TV), so they track learning
 but are not held-out measurements. Runs trained with `eval_every` also have `heldout.jsonl` (greedy speculative
 decoding of held-out prompts along the way): the report then adds a held-out table and `learning_curve.png`, held-out
-tau against training CPU hours, the runs side by side.
+tau against training CPU hours, the runs side by side. Two runs that differ in one setting (an ablation: same seed,
+same data, so the same batches step by step) are also compared at equal steps: the training-batch averages over the
+same window of steps and the held-out tau at the last step every run evaluated.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from ..provenance import atomic_write_json, atomic_write_text
 from ..training.data import summarize_data
 from .labels import labeled_folders
 
-__all__ = ["main", "read_run", "report"]
+__all__ = ["equal_budget_taus", "equal_step_summary", "main", "read_run", "report"]
 
 
 def read_run(folder: str | Path) -> dict:
@@ -96,9 +98,22 @@ def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
                   f"| run | held-out tau | vs {first} |", "|---|---|---|"]
         for label, tau in equal["tau"].items():
             lines.append(f"| {label} | {tau:.3f} | {tau / equal['tau'][first]:.3f}x |")
+    steps = equal_step_summary(loaded)
+    if steps is not None:
+        first = next(iter(steps["runs"]))
+        lines += ["", f"At equal steps: training-batch averages over steps {steps['from_step']}-{steps['to_step']} (the "
+                  "same batches in runs with the same seed and data)"
+                  + (f" and held-out tau at step {steps['heldout_step']}, the last step every run evaluated" if
+                     steps["heldout_step"] is not None else "") + ":", "",
+                  f"| run | loss | expected tau | c*@1 | held-out tau | held-out tau vs {first} |", "|---|---|---|---|---|---|"]
+        base = steps["runs"][first].get("heldout_tau")
+        for label, row in steps["runs"].items():
+            tau = row.get("heldout_tau")
+            lines.append(f"| {label} | {row['loss']:.3f} | {row['expected_tau']:.3f} | {row['accept@1']:.3f} | "
+                         + (f"{tau:.3f} | {tau / base:.3f}x |" if tau is not None and base else "- | - |"))
     atomic_write_json(out / "training.json", {"runs": {label: str(f) for label, f in runs.items()}, "summary": table,
                                               "heldout": {label: r["heldout"] for label, r in with_heldout.items()},
-                                              "equal_budget": equal,
+                                              "equal_budget": equal, "equal_steps": steps,
                                               "configs": {label: r["config"] for label, r in loaded.items()}})
     atomic_write_text(out / "training.md", "\n".join(lines) + "\n")
     _plot(loaded, out / "training.png")
@@ -121,6 +136,31 @@ def equal_budget_taus(heldout: dict[str, list[dict]]) -> dict | None:
                 taus[label] = y1 if x1 == x0 else y0 + (y1 - y0) * (budget - x0) / (x1 - x0)
                 break
     return {"seconds": budget, "tau": taus}
+
+
+def equal_step_summary(loaded: dict[str, dict], window: int = 50) -> dict | None:
+    """Every run at the same steps: the mean training-batch loss, expected tau and c*@1 over the last `window` steps
+    up to the shortest run's last logged step, and the held-out tau at the largest step every run evaluated (None
+    there when they share none). `loaded` maps labels to `read_run` results; None with fewer than two runs."""
+    if len(loaded) < 2:
+        return None
+    end = min(r["log"][-1]["step"] for r in loaded.values())
+    start = max(end - window, 0)
+    evaluated = [{rec["step"] for rec in r["heldout"] if rec["step"] <= end} for r in loaded.values()]
+    common = set.intersection(*evaluated)
+    at = max(common) if common else None
+    rows = {}
+    for label, r in loaded.items():
+        window_recs = [rec for rec in r["log"] if start < rec["step"] <= end]
+
+        def mean(key: str) -> float:
+            vals = [rec[key] for rec in window_recs if key in rec]
+            return statistics.mean(vals) if vals else float("nan")
+
+        rows[label] = {"loss": mean("loss"), "expected_tau": mean("expected_tau"), "accept@1": mean("accept_rate@1")}
+        if at is not None:
+            rows[label]["heldout_tau"] = next(rec["heldout_tau"] for rec in r["heldout"] if rec["step"] == at)
+    return {"from_step": start + 1, "to_step": end, "heldout_step": at, "runs": rows}
 
 
 def _plot_learning_curve(loaded: dict[str, dict], path: Path) -> None:

@@ -50,6 +50,7 @@ class DSparkTrainingConfig:
     decay_fraction: float = field(default=0.2, metadata={"help": "wsd: share of max_steps spent decaying"})
     min_lr_ratio: float = field(default=0.0, metadata={"help": "wsd: final learning rate as a fraction of the peak"})
     max_steps: int = field(default=1000, metadata={"help": "optimizer steps"})
+    stop_at_step: int | None = field(default=None, metadata={"help": "end this run at this optimizer step (held-out evaluation, checkpoint and final drafter written) without changing the learning-rate schedule, which still spans max_steps: an ablation stopped early under a long run's schedule; None = max_steps"})
     batch_size: int = field(default=4, metadata={"help": "sequences per micro-batch (per process)"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
     num_anchors: int = field(default=64, metadata={"help": "anchors (blocks) sampled per sequence"})
@@ -58,6 +59,7 @@ class DSparkTrainingConfig:
     mixed_precision: str = field(default="no", metadata={"help": "'no' (fp32) or 'bf16'"})
     seed: int = field(default=0, metadata={"help": "data order and anchor sampling seed"})
     heldout_fraction: float = field(default=0.02, metadata={"help": "examples kept out of training (for calibration / eval)"})
+    max_examples: int | None = field(default=None, metadata={"help": "train on at most this many examples: a fixed subset chosen by a hash of the example ids (so every source is represented, whatever the order of the data), taken after the held-out split; None = all"})
     # ---- bookkeeping
     save_every: int = field(default=200, metadata={"help": "checkpoint every N optimizer steps"})
     keep_checkpoints: int = field(default=2, metadata={"help": "how many recent checkpoints to keep"})
@@ -93,6 +95,10 @@ class DSparkTrainingConfig:
         for name in ("eval_num_prompts", "eval_max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.stop_at_step is not None and self.stop_at_step < 1:
+            raise ValueError(f"stop_at_step must be >= 1 or None, got {self.stop_at_step}")
+        if self.max_examples is not None and self.max_examples < 1:
+            raise ValueError(f"max_examples must be >= 1 or None, got {self.max_examples}")
         if not 0.0 <= self.heldout_fraction < 1.0:
             raise ValueError(f"heldout_fraction must be in [0, 1), got {self.heldout_fraction}")
         if self.variant == "dflash":  # the baseline: same backbone, no heads, CE only

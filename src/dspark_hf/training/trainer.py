@@ -50,7 +50,7 @@ from ..provenance import atomic_write_json, provenance
 from .config import DSparkTrainingConfig
 
 __all__ = ["DSparkTrainer", "build_drafter", "build_lr_scheduler", "heldout_prompt_ids", "heldout_tau",
-           "init_layers_from_target", "is_heldout", "split_examples", "train_from_config",
+           "init_layers_from_target", "is_heldout", "split_examples", "subset_examples", "train_from_config",
            "trainer_from_config", "read_trainer_state", "write_trainer_state", "STATE_FORMAT", "STATE_VERSION"]
 
 logger = logging.get_logger(__name__)
@@ -227,6 +227,18 @@ def split_examples(examples: Sequence[TokenizedExample], fraction: float):
     return train, heldout
 
 
+def subset_examples(examples: Sequence[TokenizedExample], count: int | None) -> list[TokenizedExample]:
+    """At most `count` of `examples`: those whose ids hash lowest (crc32, ties broken by id), kept in data order.
+
+    The subset is fixed by the ids alone, so it is the same in every run and spread over every source even when the
+    data is ordered by source; growing `count` only adds examples."""
+    if count is None or count >= len(examples):
+        return list(examples)
+    ranked = sorted(range(len(examples)), key=lambda i: (zlib.crc32(examples[i].id.encode()), examples[i].id))
+    keep = set(ranked[:count])
+    return [e for i, e in enumerate(examples) if i in keep]
+
+
 def build_drafter(config: DSparkTrainingConfig, target, examples: Sequence[TokenizedExample] | None = None) -> DSparkDrafter:
     """A drafter for `target` as the training config describes (or loaded from `init_from`). With
     `config.draft_vocab_size`, its reduced draft vocabulary is chosen from the answer-token frequencies of `examples`
@@ -338,6 +350,7 @@ class DSparkTrainer:
         )
         self.target = target.eval().requires_grad_(False)
         self.train_examples, self.heldout = split_examples(examples, config.heldout_fraction)
+        self.train_examples = subset_examples(self.train_examples, config.max_examples)
         if not self.train_examples:
             raise ValueError("no training examples left after the held-out split")
         self.drafter = drafter if drafter is not None else build_drafter(config, target, self.train_examples)
@@ -557,7 +570,8 @@ class DSparkTrainer:
             bar = tqdm(total=cfg.max_steps, initial=self.step, desc="training drafter", unit="step")
         self.model.train()
         log_path = self.output_dir / "log.jsonl"
-        while self.step < cfg.max_steps:
+        end = min(cfg.max_steps, cfg.stop_at_step or cfg.max_steps)
+        while self.step < end:
             step_start = time.perf_counter()
             for micro in range(cfg.gradient_accumulation_steps):
                 index = self.step * cfg.gradient_accumulation_steps + micro
@@ -575,7 +589,7 @@ class DSparkTrainer:
             metrics = self.reduced_metrics(out)  # every process takes part, so all of them stop together on NaN
             if not math.isfinite(metrics["loss"]):
                 raise FloatingPointError(f"loss became {metrics['loss']} at step {self.step}; lower the learning rate")
-            if self.step % cfg.log_every == 0 or self.step == cfg.max_steps:
+            if self.step % cfg.log_every == 0 or self.step == end:
                 record = {"step": self.step, "lr": self.scheduler.get_last_lr()[0], "train_seconds": self.train_seconds,
                           **metrics}
                 if self.accelerator.is_main_process:
@@ -585,9 +599,9 @@ class DSparkTrainer:
                     bar.set_postfix(loss=f"{record['loss']:.3f}", tau=f"{record['expected_tau']:.2f}")
             if bar is not None:
                 bar.update(1)
-            if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == cfg.max_steps):
+            if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == end):
                 self.evaluate_heldout()
-            if self.step % cfg.save_every == 0 or self.step == cfg.max_steps:
+            if self.step % cfg.save_every == 0 or self.step == end:
                 self.accelerator.wait_for_everyone()
                 self.save_checkpoint()
         if bar is not None:
