@@ -10,6 +10,10 @@ instruction prompts), every draft verified (policy "fixed"), no EOS stop, `--max
 tokens emitted per target forward (bonus included). With the defaults (8 prompts, 64 tokens) the numbers are those a
 training run logs in its heldout.jsonl, so a release drafter and a run's checkpoints compare directly. Checkpoint
 folders of a run load as drafters (they hold the drafter's config and weights next to the trainer state).
+
+    python scripts/heldout_tau.py --merge run1/heldout24.json run2/heldout24.json --out results/x/heldout24.json
+
+merges results measured separately with the same prompts and settings into one table (`.json` and `.md`).
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ from pathlib import Path
 import torch
 
 from dspark_hf import DSparkDrafter
-from dspark_hf.provenance import atomic_write_json, provenance
+from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenance
 from dspark_hf.testbed.targets import load_target
 from dspark_hf.training.data import chat_prompt_ids
 from dspark_hf.training.prompts import read_prompts_jsonl
@@ -29,14 +33,19 @@ from dspark_hf.training.trainer import heldout_tau
 
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(prog="scripts/heldout_tau.py", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--target", required=True)
-    parser.add_argument("--drafter", action="append", required=True, metavar="LABEL=FOLDER")
+    parser.add_argument("--target")
+    parser.add_argument("--drafter", action="append", metavar="LABEL=FOLDER")
+    parser.add_argument("--merge", nargs="+", metavar="JSON", help="merge results written by --out into one table")
     parser.add_argument("--prompts", default="data/heldout_prompts.jsonl")
     parser.add_argument("--num-prompts", type=int, default=8)
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: unchanged)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
     args = parser.parse_args(argv)
+    if args.merge:
+        return merge(parser, args.merge, args.out)
+    if not args.target or not args.drafter:
+        parser.error("--target and at least one --drafter are needed (or --merge)")
     drafters = {}
     for item in args.drafter:
         label, sep, folder = item.partition("=")
@@ -51,18 +60,60 @@ def main(argv: list[str] | None = None) -> dict:
         parser.error(f"{args.prompts} holds {len(prompts)} prompts, fewer than --num-prompts {args.num_prompts}")
     ids = [chat_prompt_ids(tokenizer, p["messages"]) for p in prompts[: args.num_prompts]]
     results = {}
-    print(f"| drafter | held-out tau | first draft accepted | rounds |\n|---|---|---|---|")
+    print(HEADER, flush=True)
     for label, folder in drafters.items():
         drafter = DSparkDrafter.from_pretrained(folder, target=target).eval()
         r = heldout_tau(target, drafter, ids, args.max_new_tokens)
         results[label] = {"folder": folder, **r}
-        print(f"| {label} | {r['heldout_tau']:.3f} | {r['heldout_accept@1']:.3f} | {r['heldout_rounds']} |", flush=True)
+        print(row(label, r), flush=True)
     out = {"target": args.target, "prompts": args.prompts, "num_prompts": args.num_prompts,
            "max_new_tokens": args.max_new_tokens, "results": results, "provenance": provenance(target.device)}
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(args.out, out)
+        write(out, args.out)
     return out
+
+
+HEADER = "| drafter | held-out tau | first draft accepted | rounds |\n|---|---|---|---|"
+SETTINGS = ("target", "prompts", "num_prompts", "max_new_tokens")
+
+
+def row(label: str, r: dict) -> str:
+    return f"| {label} | {r['heldout_tau']:.3f} | {r['heldout_accept@1']:.3f} | {r['heldout_rounds']} |"
+
+
+def write(out: dict, path: str) -> None:
+    """`path` (JSON) and the same name with `.md` (the table, with its settings and machine)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, out)
+    settings = ", ".join(f"{k}={out[k]}" for k in SETTINGS)
+    lines = [f"Held-out tau (greedy, every draft verified, no EOS stop): {settings}. Device: "
+             f"{out['provenance']['device']}; torch {out['provenance']['torch']}.", "", HEADER]
+    lines += [row(label, r) for label, r in out["results"].items()]
+    atomic_write_text(path.with_suffix(".md"), "\n".join(lines) + "\n")
+
+
+def merge(parser: argparse.ArgumentParser, paths: list[str], out_path: str | None) -> dict:
+    """One table from results measured separately; they must share the prompts and settings."""
+    import json
+
+    parts = [json.loads(Path(p).read_text()) for p in paths]
+    for p, part in zip(paths, parts):
+        differs = [k for k in SETTINGS if part.get(k) != parts[0].get(k)]
+        if differs:
+            parser.error(f"{p} was measured with other settings than {paths[0]}: {differs}")
+    merged = {**{k: parts[0][k] for k in SETTINGS}, "results": {}, "provenance": parts[0]["provenance"]}
+    for p, part in zip(paths, parts):
+        for label, r in part["results"].items():
+            if label in merged["results"]:
+                parser.error(f"label {label!r} appears twice ({p})")
+            merged["results"][label] = r
+    print(HEADER)
+    for label, r in merged["results"].items():
+        print(row(label, r))
+    if out_path:
+        write(merged, out_path)
+    return merged
 
 
 if __name__ == "__main__":

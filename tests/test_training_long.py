@@ -119,3 +119,36 @@ def test_training_logs_heldout_tau_and_keeps_training_time_across_a_resume(tmp_p
     # the last record's held-out tau is the final drafter's
     again = heldout_tau(target, second.drafter.eval(), second.eval_prompt_ids, 6)
     assert records[-1]["heldout_tau"] == pytest.approx(again["heldout_tau"])
+
+
+def _script(name: str):
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_heldout_tau_script_merges_separate_measurements_and_refuses_mismatched_settings(tmp_path):
+    script = _script("heldout_tau")
+    settings = {"target": "t", "prompts": "p.jsonl", "num_prompts": 24, "max_new_tokens": 64,
+                "provenance": {"device": "cpu", "torch": "x"}}
+    for label, tau in (("base", 1.25), ("noinit", 1.125)):
+        (tmp_path / f"{label}.json").write_text(json.dumps({**settings, "results": {label: {
+            "heldout_tau": tau, "heldout_accept@1": tau - 1, "heldout_rounds": 100}}}))
+    merged = script.main(["--merge", str(tmp_path / "base.json"), str(tmp_path / "noinit.json"),
+                          "--out", str(tmp_path / "out" / "all.json")])
+    assert list(merged["results"]) == ["base", "noinit"] and merged["num_prompts"] == 24
+    md = (tmp_path / "out" / "all.md").read_text()
+    assert "| base | 1.250 | 0.250 | 100 |" in md and "| noinit | 1.125 | 0.125 | 100 |" in md and "num_prompts=24" in md
+    (tmp_path / "other.json").write_text(json.dumps({**settings, "num_prompts": 8, "results": {"x": {
+        "heldout_tau": 1.0, "heldout_accept@1": 0.0, "heldout_rounds": 1}}}))
+    with pytest.raises(SystemExit):
+        script.main(["--merge", str(tmp_path / "base.json"), str(tmp_path / "other.json")])
+    with pytest.raises(SystemExit):
+        script.main(["--merge", str(tmp_path / "base.json"), str(tmp_path / "base.json")])  # a label twice
+    with pytest.raises(SystemExit):
+        script.main(["--drafter", f"x={tmp_path / 'missing'}"])  # no target
