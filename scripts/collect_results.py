@@ -115,6 +115,34 @@ SECTIONS = [
     ("tree/load_priced_c64_decode.md", "Trees with growth priced vs the chain at concurrency 64 (issue 13)",
      "python scripts/bench_tree.py load --concurrency 64 --budget 8 --max-new-tokens 24 --repeats 1 --threads 1 "
      "--label priced_c64_decode"),
+    ("training_smollm2_fullvocab/training.md",
+     "Full vs reduced (8,192) draft vocabulary at an equal training budget, long-run recipe (issue 14 part 1)",
+     "RUNS=/work/runs STOP=100 bash scripts/train_ablations.sh fullvocab && dspark-hf training-report "
+     "--run reduced=/work/runs/smollm2-135m-dspark-long --run full=/work/runs/smollm2-135m-dspark-fullvocab "
+     "--out results/training_smollm2_fullvocab"),
+    ("training_smollm2_ablations/training.md",
+     "Ablations of the long-run recipe at equal steps: 2 draft layers, no init from the target, loss decay 7 "
+     "(issue 14 part 3)",
+     "RUNS=/work/runs STOP=120 bash scripts/train_ablations.sh base noinit decay7 layers2 && dspark-hf "
+     "training-report --run base=/work/runs/smollm2-135m-ablation-base --run noinit=/work/runs/smollm2-135m-ablation-"
+     "noinit --run decay7=/work/runs/smollm2-135m-ablation-decay7 --run layers2=/work/runs/smollm2-135m-ablation-"
+     "layers2 --out results/training_smollm2_ablations"),
+    ("training_smollm2_ablations/heldout24.md",
+     "Ablations' final drafters (step 120) on 24 held-out prompts (issue 14 part 3)",
+     "python scripts/heldout_tau.py --merge /work/runs/smollm2-135m-ablation-{base,noinit,decay7,layers2}/heldout24.json "
+     "--out results/training_smollm2_ablations/heldout24.json"),
+    ("heldout_tau/smollm2.md",
+     "Held-out tau of the release drafter vs the long run (24 held-out instruction prompts, every draft verified)",
+     "RUNS=/work/runs bash scripts/decay_branch.sh smollm2-135m-dspark-long 400 100 && python scripts/heldout_tau.py "
+     "--target smollm2-135m-instruct --num-prompts 24 --drafter release=src/dspark_hf/testbed/releases/"
+     "smollm2-135m-instruct-dspark --drafter long400=/work/runs/smollm2-135m-dspark-long/checkpoint-000400 "
+     "--drafter decay500=/work/runs/smollm2-135m-dspark-long-decay500/final --out results/heldout_tau/smollm2.json"),
+    ("compare_qwen2.5-coder-0.5b/compare.md",
+     "Qwen2.5-Coder-0.5B-Instruct at batch 1: target-only vs prompt lookup vs a CPU-trained DSpark drafter "
+     "(issue 14 part 5)",
+     "dspark-hf train --config examples/configs/qwen2.5-coder-0.5b-dspark-cpu.yaml && dspark-hf compare --target "
+     "qwen2.5-coder-0.5b-instruct --drafter dspark=/work/runs/qwen2.5-coder-0.5b-dspark-cpu/final --limit 4 "
+     "--speed-prompts 2 --max-new-tokens 64 --draft-head-dtype int8 --out results/compare_qwen2.5-coder-0.5b"),
     ("tree/batch1_priced_scheduled.md", "Trees with growth priced vs the chain at batch 1, scheduled policy (issue 13)",
      "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
      "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1 --policy scheduled --label priced_scheduled"),

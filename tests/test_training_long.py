@@ -116,6 +116,20 @@ def test_training_logs_heldout_tau_and_keeps_training_time_across_a_resume(tmp_p
     log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
     seconds = [r["train_seconds"] for r in log]
     assert seconds == sorted(seconds) and seconds[3] > seconds[2]
+    # so does the steps' process CPU time, which other jobs on the cores do not inflate
+    assert second.train_cpu_seconds > first.train_cpu_seconds > 0
+    assert records[1]["train_cpu_seconds"] == pytest.approx(second.train_cpu_seconds)
+    cpu = [r["train_cpu_seconds"] for r in log]
+    assert cpu == sorted(cpu) and cpu[3] > cpu[2]
+    # a checkpoint written before CPU time was kept: resumed, the run stops reporting it rather than undercount
+    state_path = tmp_path / "run" / "checkpoint-000006" / "trainer_state.json"
+    state = json.loads(state_path.read_text())
+    state.pop("train_cpu_seconds")
+    state_path.write_text(json.dumps(state))
+    third = run(7, True)
+    assert third.train_cpu_seconds is None
+    last = json.loads((tmp_path / "run" / "log.jsonl").read_text().splitlines()[-1])
+    assert last["step"] == 7 and "train_cpu_seconds" not in last and last["train_seconds"] > seconds[-1]
     # the last record's held-out tau is the final drafter's
     again = heldout_tau(target, second.drafter.eval(), second.eval_prompt_ids, 6)
     assert records[-1]["heldout_tau"] == pytest.approx(again["heldout_tau"])

@@ -45,7 +45,7 @@ def test_report_adds_the_heldout_learning_curve_when_runs_measured_it(tmp_path):
         for i, (s, tau, acc) in enumerate([(10, 1.25, 0.2), (20, 1.75, 0.5)], start=1)))
     out = report({"dspark": a, "dflash": b}, tmp_path / "out")
     md = (out / "training.md").read_text()
-    assert "| dspark | 10 | 0.50 | 1.250 | 0.200 |" in md and "| dspark | 20 | 1.00 | 1.750 | 0.500 |" in md
+    assert "| dspark | 10 | 0.50 | - | 1.250 | 0.200 |" in md and "| dspark | 20 | 1.00 | - | 1.750 | 0.500 |" in md
     held = md.split("Held-out tau along the way")[1].split("At equal steps")[0]
     assert "| dflash |" not in held  # b measured nothing held out
     assert json.loads((out / "training.json").read_text())["heldout"]["dspark"][1]["heldout_tau"] == 1.75
@@ -62,6 +62,15 @@ def test_equal_budget_interpolates_the_longer_run_at_the_shorter_runs_last_evalu
                "dflash": [{"train_seconds": 2000.0, "heldout_tau": 1.6}]}
     got = equal_budget_taus(heldout)
     assert got["seconds"] == 2000.0 and got["tau"] == {"dspark": 2.0, "dflash": 1.6}
+    assert got["clock"] == "train_seconds"
+    # with CPU time in every record, the budget is counted in it (here half of the wall time)
+    cpu = {"dspark": [dict(r, train_cpu_seconds=s) for r, s in zip(heldout["dspark"], (500.0, 1500.0))],
+           "dflash": [dict(heldout["dflash"][0], train_cpu_seconds=1000.0)]}
+    by_cpu = equal_budget_taus(cpu)
+    assert by_cpu["clock"] == "train_cpu_seconds" and by_cpu["seconds"] == 1000.0
+    assert by_cpu["tau"] == {"dspark": 2.0, "dflash": 1.6}
+    cpu["dflash"][0].pop("train_cpu_seconds")
+    assert equal_budget_taus(cpu)["clock"] == "train_seconds"  # one record without it: wall time for all
     assert equal_budget_taus({"dspark": heldout["dspark"]}) is None
     a = _run(tmp_path / "a", "dspark", [1.0, 1.5])
     b = _run(tmp_path / "b", "dflash", [1.0, 1.2])

@@ -83,17 +83,22 @@ def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
     with_heldout = {label: r for label, r in loaded.items() if r["heldout"]}
     if with_heldout:
         lines += ["", "Held-out tau along the way (greedy speculative decoding of held-out prompts, every draft "
-                  "verified; `eval_every`):", "", "| run | step | training CPU hours | held-out tau | first draft accepted |",
-                  "|---|---|---|---|---|"]
+                  "verified; `eval_every`):", "",
+                  "| run | step | training hours (wall) | process CPU hours | held-out tau | first draft accepted |",
+                  "|---|---|---|---|---|---|"]
         for label, r in with_heldout.items():
             for rec in r["heldout"]:
-                lines.append(f"| {label} | {rec['step']} | {rec['train_seconds'] / 3600:.2f} | "
+                cpu = f"{rec['train_cpu_seconds'] / 3600:.2f}" if "train_cpu_seconds" in rec else "-"
+                lines.append(f"| {label} | {rec['step']} | {rec['train_seconds'] / 3600:.2f} | {cpu} | "
                              f"{rec['heldout_tau']:.3f} | {rec['heldout_accept@1']:.3f} |")
         _plot_learning_curve(with_heldout, out / "learning_curve.png")
     equal = equal_budget_taus({label: r["heldout"] for label, r in with_heldout.items()})
     if equal is not None:
         first = next(iter(equal["tau"]))
-        lines += ["", f"At an equal training budget of {equal['seconds'] / 3600:.2f} CPU hours (the shortest run's last "
+        clock = ("CPU hours (process CPU time of the training steps)" if equal["clock"] == "train_cpu_seconds" else
+                 "CPU hours (wall time of the training steps: a run that shared its cores with more jobs is charged "
+                 "more)")
+        lines += ["", f"At an equal training budget of {equal['seconds'] / 3600:.2f} {clock} (the shortest run's last "
                   "held-out evaluation; the others interpolated linearly between their evaluations):", "",
                   f"| run | held-out tau | vs {first} |", "|---|---|---|"]
         for label, tau in equal["tau"].items():
@@ -123,19 +128,23 @@ def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
 def equal_budget_taus(heldout: dict[str, list[dict]]) -> dict | None:
     """Held-out tau of every run at one training budget: the smallest of the runs' last evaluation times; a run
     evaluated later is interpolated linearly between the two evaluations around it (from (0 s, tau 1) before its
-    first). None with fewer than two runs."""
-    runs = {label: sorted(recs, key=lambda r: r["train_seconds"]) for label, recs in heldout.items() if recs}
+    first). The clock is the steps' process CPU time (`train_cpu_seconds`) when every record has it, else their wall
+    time (`train_seconds`), named in the result's "clock". None with fewer than two runs."""
+    runs = {label: recs for label, recs in heldout.items() if recs}
     if len(runs) < 2:
         return None
-    budget = min(recs[-1]["train_seconds"] for recs in runs.values())
+    clock = ("train_cpu_seconds" if all("train_cpu_seconds" in r for recs in runs.values() for r in recs)
+             else "train_seconds")
+    runs = {label: sorted(recs, key=lambda r: r[clock]) for label, recs in runs.items()}
+    budget = min(recs[-1][clock] for recs in runs.values())
     taus = {}
     for label, recs in runs.items():
-        points = [(0.0, 1.0)] + [(r["train_seconds"], r["heldout_tau"]) for r in recs]
+        points = [(0.0, 1.0)] + [(r[clock], r["heldout_tau"]) for r in recs]
         for (x0, y0), (x1, y1) in zip(points, points[1:]):
             if x0 <= budget <= x1:
                 taus[label] = y1 if x1 == x0 else y0 + (y1 - y0) * (budget - x0) / (x1 - x0)
                 break
-    return {"seconds": budget, "tau": taus}
+    return {"seconds": budget, "tau": taus, "clock": clock}
 
 
 def equal_step_summary(loaded: dict[str, dict], window: int = 50) -> dict | None:
@@ -170,11 +179,14 @@ def _plot_learning_curve(loaded: dict[str, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    cpu = all("train_cpu_seconds" in x for r in loaded.values() for x in r["heldout"])
+    clock = "train_cpu_seconds" if cpu else "train_seconds"
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for label, r in loaded.items():
-        ax.plot([x["train_seconds"] / 3600 for x in r["heldout"]], [x["heldout_tau"] for x in r["heldout"]],
+        ax.plot([x[clock] / 3600 for x in r["heldout"]], [x["heldout_tau"] for x in r["heldout"]],
                 marker="o", label=label)
-    ax.set(xlabel="training CPU hours", ylabel="held-out tau (greedy)")
+    ax.set(xlabel="training process CPU hours" if cpu else "training hours (wall time of the steps)",
+           ylabel="held-out tau (greedy)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()

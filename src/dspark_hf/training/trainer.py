@@ -385,6 +385,10 @@ class DSparkTrainer:
         self.model, self.optimizer = self.accelerator.prepare(self.drafter, self.optimizer)
         self.step = 0
         self.train_seconds = 0.0  # optimizer-step wall time over all sessions (restored on resume; eval excluded)
+        # the same steps' CPU time of this process (all its threads): unlike wall time it does not grow when other
+        # jobs share the cores, so runs made under different loads compare; None once resumed from a checkpoint
+        # written before it was kept
+        self.train_cpu_seconds: float | None = 0.0
         self.eval_prompt_ids = ([list(p) for p in eval_prompt_ids] if eval_prompt_ids is not None
                                 else heldout_prompt_ids(self.heldout, config.eval_num_prompts))
 
@@ -494,7 +498,7 @@ class DSparkTrainer:
         write_trainer_state(tmp, {
             "step": self.step, "num_processes": self.accelerator.num_processes, "config": asdict(self.config),
             "optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict(), "rng": list(rng),
-            "train_seconds": self.train_seconds,
+            "train_seconds": self.train_seconds, "train_cpu_seconds": self.train_cpu_seconds,
         })
         shutil.rmtree(final, ignore_errors=True)
         tmp.rename(final)
@@ -550,6 +554,8 @@ class DSparkTrainer:
                 raise ValueError(f"{path / STATE_JSON}: the RNG state of process {rank} is malformed: {err}") from err
         self.step = state["step"]
         self.train_seconds = float(state.get("train_seconds", 0.0))
+        cpu = state.get("train_cpu_seconds")
+        self.train_cpu_seconds = float(cpu) if cpu is not None else (0.0 if self.step == 0 else None)
         logger.info(f"resumed from {path} at step {self.step}")
 
     # ------------------------------------------------------------------ loop
@@ -572,7 +578,7 @@ class DSparkTrainer:
         log_path = self.output_dir / "log.jsonl"
         end = min(cfg.max_steps, cfg.stop_at_step or cfg.max_steps)
         while self.step < end:
-            step_start = time.perf_counter()
+            step_start, cpu_start = time.perf_counter(), time.process_time()
             for micro in range(cfg.gradient_accumulation_steps):
                 index = self.step * cfg.gradient_accumulation_steps + micro
                 with self.accelerator.accumulate(self.model), self.accelerator.autocast():
@@ -586,12 +592,14 @@ class DSparkTrainer:
                     self.optimizer.zero_grad(set_to_none=True)
             self.step += 1
             self.train_seconds += time.perf_counter() - step_start
+            if self.train_cpu_seconds is not None:
+                self.train_cpu_seconds += time.process_time() - cpu_start
             metrics = self.reduced_metrics(out)  # every process takes part, so all of them stop together on NaN
             if not math.isfinite(metrics["loss"]):
                 raise FloatingPointError(f"loss became {metrics['loss']} at step {self.step}; lower the learning rate")
             if self.step % cfg.log_every == 0 or self.step == end:
                 record = {"step": self.step, "lr": self.scheduler.get_last_lr()[0], "train_seconds": self.train_seconds,
-                          **metrics}
+                          **self._cpu_record(), **metrics}
                 if self.accelerator.is_main_process:
                     with open(log_path, "a") as handle:
                         handle.write(json.dumps(record) + "\n")
@@ -616,6 +624,9 @@ class DSparkTrainer:
         self.accelerator.wait_for_everyone()  # `final` exists for every process once train() returns
         return final
 
+    def _cpu_record(self) -> dict[str, float]:
+        return {} if self.train_cpu_seconds is None else {"train_cpu_seconds": self.train_cpu_seconds}
+
     def evaluate_heldout(self) -> dict[str, float] | None:
         """Held-out tau now (`heldout_tau` on `eval_prompt_ids`), appended to `output_dir/heldout.jsonl` with the
         step and the training seconds so far. Main process only; the others wait."""
@@ -627,7 +638,7 @@ class DSparkTrainer:
             with self.accelerator.autocast():
                 result = heldout_tau(self.target, drafter, self.eval_prompt_ids, self.config.eval_max_new_tokens)
             drafter.train(was_training)
-            result = {"step": self.step, "train_seconds": self.train_seconds, **result}
+            result = {"step": self.step, "train_seconds": self.train_seconds, **self._cpu_record(), **result}
             with open(self.output_dir / "heldout.jsonl", "a") as handle:
                 handle.write(json.dumps(result) + "\n")
             logger.info(f"step {self.step}: held-out tau {result['heldout_tau']:.3f}")
