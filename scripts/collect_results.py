@@ -59,7 +59,8 @@ SECTIONS = [
      "Long runs on 12k-prompt data, DSpark vs the DFlash baseline at equal CPU budget (issue 14, resumable)",
      "RUNS=/work/runs bash scripts/train_long.sh (stop or resume at will) && dspark-hf training-report "
      "--run dspark=/work/runs/smollm2-135m-dspark-long --run dflash=/work/runs/smollm2-135m-dflash-long "
-     "--out results/training_smollm2_long"),
+     "--run dspark-decay500=/work/runs/smollm2-135m-dspark-long-decay500 --out results/training_smollm2_long "
+     "(after RUNS=/work/runs bash scripts/decay_branch.sh smollm2-135m-dspark-long 400 100)"),
     ("data_generation/data_generation.md",
      "Data generation throughput (the target answering training prompts), per batch size and dtype",
      "python scripts/bench_data_generation.py --batch-sizes 16 32 64 --dtypes float32 bfloat16 --threads 1 "
@@ -118,8 +119,12 @@ SECTIONS = [
     ("training_smollm2_fullvocab/training.md",
      "Full vs reduced (8,192) draft vocabulary at an equal training budget, long-run recipe (issue 14 part 1)",
      "RUNS=/work/runs STOP=100 bash scripts/train_ablations.sh fullvocab && dspark-hf training-report "
-     "--run reduced=/work/runs/smollm2-135m-dspark-long --run full=/work/runs/smollm2-135m-dspark-fullvocab "
-     "--out results/training_smollm2_fullvocab"),
+     "--run full=/work/runs/smollm2-135m-dspark-fullvocab --run reduced=/work/runs/smollm2-135m-dspark-long "
+     "--run reduced-base=/work/runs/smollm2-135m-ablation-base --out results/training_smollm2_fullvocab"),
+    ("training_smollm2_fullvocab/heldout24.md",
+     "Full vs reduced draft vocabulary after 100 steps each, 24 held-out prompts (issue 14 part 1)",
+     "python scripts/heldout_tau.py --merge /work/runs/smollm2-135m-dspark-fullvocab/heldout24.json "
+     "/work/runs/smollm2-135m-ablation-base/heldout24.json --out results/training_smollm2_fullvocab/heldout24.json"),
     ("training_smollm2_ablations/training.md",
      "Ablations of the long-run recipe at equal steps: 2 draft layers, no init from the target, loss decay 7 "
      "(issue 14 part 3)",
@@ -136,11 +141,14 @@ SECTIONS = [
      "RUNS=/work/runs bash scripts/decay_branch.sh smollm2-135m-dspark-long 400 100 && python scripts/heldout_tau.py "
      "--target smollm2-135m-instruct --num-prompts 24 --drafter release=src/dspark_hf/testbed/releases/"
      "smollm2-135m-instruct-dspark --drafter long400=/work/runs/smollm2-135m-dspark-long/checkpoint-000400 "
-     "--drafter decay500=/work/runs/smollm2-135m-dspark-long-decay500/final --out results/heldout_tau/smollm2.json"),
+     "--out /work/runs/heldout24-release.json && python scripts/heldout_tau.py --merge "
+     "/work/runs/heldout24-release.json /work/runs/smollm2-135m-dspark-long-decay500/heldout24.json "
+     "--out results/heldout_tau/smollm2.json"),
     ("compare_qwen2.5-coder-0.5b/compare.md",
      "Qwen2.5-Coder-0.5B-Instruct at batch 1: target-only vs prompt lookup vs a CPU-trained DSpark drafter "
      "(issue 14 part 5)",
-     "dspark-hf train --config examples/configs/qwen2.5-coder-0.5b-dspark-cpu.yaml && dspark-hf compare --target "
+     "dspark-hf train --config examples/configs/qwen2.5-coder-0.5b-dspark-cpu.yaml stop_at_step=100 && dspark-hf "
+     "compare --target "
      "qwen2.5-coder-0.5b-instruct --drafter dspark=/work/runs/qwen2.5-coder-0.5b-dspark-cpu/final --limit 4 "
      "--speed-prompts 2 --max-new-tokens 64 --draft-head-dtype int8 --out results/compare_qwen2.5-coder-0.5b"),
     ("tree/batch1_priced_scheduled.md", "Trees with growth priced vs the chain at batch 1, scheduled policy (issue 13)",

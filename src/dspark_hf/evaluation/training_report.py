@@ -107,7 +107,7 @@ def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
     if steps is not None:
         first = next(iter(steps["runs"]))
         lines += ["", f"At equal steps: training-batch averages over steps {steps['from_step']}-{steps['to_step']} (the "
-                  "same batches in runs with the same seed and data)"
+                  "same batches when the runs share seed and data)"
                   + (f" and held-out tau at step {steps['heldout_step']}, the last step every run evaluated" if
                      steps["heldout_step"] is not None else "") + ":", "",
                   f"| run | loss | expected tau | c*@1 | held-out tau | held-out tau vs {first} |", "|---|---|---|---|---|---|"]
