@@ -133,8 +133,7 @@ def equal_budget_taus(heldout: dict[str, list[dict]]) -> dict | None:
     runs = {label: recs for label, recs in heldout.items() if recs}
     if len(runs) < 2:
         return None
-    clock = ("train_cpu_seconds" if all("train_cpu_seconds" in r for recs in runs.values() for r in recs)
-             else "train_seconds")
+    clock = _clock(runs.values())
     runs = {label: sorted(recs, key=lambda r: r[clock]) for label, recs in runs.items()}
     budget = min(recs[-1][clock] for recs in runs.values())
     taus = {}
@@ -145,6 +144,11 @@ def equal_budget_taus(heldout: dict[str, list[dict]]) -> dict | None:
                 taus[label] = y1 if x1 == x0 else y0 + (y1 - y0) * (budget - x0) / (x1 - x0)
                 break
     return {"seconds": budget, "tau": taus, "clock": clock}
+
+
+def _clock(runs) -> str:
+    """The budget clock of held-out records (one list per run): process CPU time when every record has it."""
+    return "train_cpu_seconds" if all("train_cpu_seconds" in r for recs in runs for r in recs) else "train_seconds"
 
 
 def equal_step_summary(loaded: dict[str, dict], window: int = 50) -> dict | None:
@@ -179,8 +183,8 @@ def _plot_learning_curve(loaded: dict[str, dict], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    cpu = all("train_cpu_seconds" in x for r in loaded.values() for x in r["heldout"])
-    clock = "train_cpu_seconds" if cpu else "train_seconds"
+    clock = _clock(r["heldout"] for r in loaded.values())
+    cpu = clock == "train_cpu_seconds"
     fig, ax = plt.subplots(figsize=(5.5, 3.6))
     for label, r in loaded.items():
         ax.plot([x[clock] / 3600 for x in r["heldout"]], [x["heldout_tau"] for x in r["heldout"]],

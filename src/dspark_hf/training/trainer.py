@@ -569,14 +569,14 @@ class DSparkTrainer:
                               {"config": asdict(cfg), "provenance": provenance(self.accelerator.device),
                                "num_processes": self.accelerator.num_processes,
                                "train_examples": len(self.train_examples), "heldout_examples": len(self.heldout)})
+        end = min(cfg.max_steps, cfg.stop_at_step or cfg.max_steps)
         bar = None
         if self.progress and self.accelerator.is_main_process:
             from tqdm.auto import tqdm
 
-            bar = tqdm(total=cfg.max_steps, initial=self.step, desc="training drafter", unit="step")
+            bar = tqdm(total=end, initial=self.step, desc="training drafter", unit="step")
         self.model.train()
         log_path = self.output_dir / "log.jsonl"
-        end = min(cfg.max_steps, cfg.stop_at_step or cfg.max_steps)
         while self.step < end:
             step_start, cpu_start = time.perf_counter(), time.process_time()
             for micro in range(cfg.gradient_accumulation_steps):
