@@ -12,7 +12,9 @@ from __future__ import annotations
 
 from transformers import AutoConfig, AutoModel
 
-from .models.candidate_generator import DSparkCandidateGenerator, SpeculationStats, install_generate_hook
+from .models.candidate_generator import AssistOptions, DSparkCandidateGenerator, LookupAssistant, SpeculationStats, install_generate_hook
+from .models.lookup import LookupProposal, NgramLookup
+from .models.prepacked import PrepackedLinear, prepack_linears, unpack_linears
 from .models.configuration_dspark import DSparkConfig
 from .models.drafting import DraftBlock, DSparkContextCache
 from .decoding.batched import DSparkGenerateOutput, RowStats, SPSCache, generate, speculative_generate
@@ -43,6 +45,13 @@ AutoModel.register(DSparkConfig, DSparkDrafter, exist_ok=True)
 install_generate_hook()
 
 __all__ = [
+    "AssistOptions",
+    "LookupAssistant",
+    "LookupProposal",
+    "NgramLookup",
+    "PrepackedLinear",
+    "prepack_linears",
+    "unpack_linears",
     "DSparkGenerateOutput",
     "RowStats",
     "SPSCache",

@@ -12,6 +12,7 @@
     dspark-hf bench-head      cost of the sequential head vs the parallel forward (dspark_hf.evaluation.head_cost)
     dspark-hf release         a trained drafter as the package's release drafter (testbed.release.export_target_release)
     dspark-hf fetch-target    download and convert a registered target model (testbed.targets.fetch_target)
+    dspark-hf lookup          n-gram lookup drafts from the target's own answers (models.lookup.NgramLookup)
     dspark-hf convert         a published drafter (DeepSpec, z-lab, ...) as a native drafter (convert.convert_checkpoint)
     dspark-hf export          a drafter in a serving engine's layout: vLLM / speculators, SGLang (convert.export)
     dspark-hf --version       prints `dspark-hf <version>`
@@ -85,6 +86,30 @@ def _fetch_target(argv: list[str]) -> None:
     parser.add_argument("--force", action="store_true", help="fetch and convert again even if cached")
     args = parser.parse_args(argv)
     print(fetch_target(args.name, force=args.force))
+
+
+def _lookup(argv: list[str]) -> None:
+    from .models.lookup import NgramLookup
+
+    parser = argparse.ArgumentParser(prog="dspark-hf lookup",
+                                     description="n-gram lookup drafts from the target's own answers (a data folder)")
+    parser.add_argument("--data", required=True, help="`dspark-hf data` folder(s), comma-separated, newest first")
+    parser.add_argument("--out", required=True, help="safetensors file to write (atomically)")
+    parser.add_argument("--max-order", type=int, default=8, help="longest n-gram context (default 8)")
+    parser.add_argument("--heldout-share", type=float, default=0.05,
+                        help="share of the examples that calibrate the acceptance estimates (default 0.05)")
+    parser.add_argument("--min-total", type=int, default=1,
+                        help="drop n-gram contexts seen fewer times (2: a file about 3x smaller)")
+    args = parser.parse_args(argv)
+    lookup = NgramLookup.from_data(args.data, max_order=args.max_order, heldout_share=args.heldout_share,
+                                   min_total=args.min_total)
+    lookup.save(args.out)
+    report = lookup.calibration_report()
+    print(f"{args.out}: {len(lookup):,} n-grams (orders 1-{lookup.max_order}) from {lookup.meta['sequences']:,} "
+          f"examples, {lookup.meta['answer_tokens']:,} answer tokens")
+    for source, r in report.items():
+        print(f"  held-out first-draft acceptance, {source}: {r['rate']:.3f} measured vs {r['predicted']:.3f} "
+              f"predicted over {r['trials']:,} positions")
 
 
 def _prompts(argv: list[str]) -> None:
@@ -326,6 +351,7 @@ COMMANDS: dict[str, tuple[Callable[[list[str]], None], str]] = {
     "bench-head": (_bench_head, "time the sequential head against the parallel forward"),
     "release": (_release, "write a trained drafter as the package's release drafter"),
     "fetch-target": (_fetch_target, "download and convert a registered target model"),
+    "lookup": (_lookup, "n-gram lookup drafts from the target's own answers (a data folder)"),
     "convert": (_convert, "a published drafter checkpoint (DeepSpec, z-lab, ...) as a native drafter"),
     "export": (_export, "write a drafter for vLLM / speculators or SGLang (--to ...)"),
 }

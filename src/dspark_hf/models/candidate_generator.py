@@ -45,7 +45,7 @@ from transformers.generation.utils import GenerationMixin
 
 from .modeling_dspark import DSparkDrafter
 
-__all__ = ["DSparkCandidateGenerator", "SpeculationStats", "install_generate_hook", "is_dspark_drafter"]
+__all__ = ["AssistOptions", "DSparkCandidateGenerator", "LookupAssistant", "LookupCandidateGenerator", "SpeculationStats", "install_generate_hook", "is_dspark_drafter"]
 
 # Stopping criteria of the running `_assisted_decoding` call, handed to our candidate generator (see install_generate_hook).
 _STOPPING_CRITERIA: contextvars.ContextVar[Any] = contextvars.ContextVar("dspark_stopping_criteria", default=None)
@@ -103,15 +103,97 @@ class SpeculationStats:
 
     accepted: list[int] = field(default_factory=list)
     proposed: list[int] = field(default_factory=list)
+    lookup_rounds: int = 0  # rounds whose drafts came from the n-gram lookup (`DSparkDrafter.set_assist`)
+    plain_steps: int = 0  # steps that verified no draft (nothing paid): one target token, not counted in `rounds`
 
     @property
     def rounds(self) -> int:
         return len(self.accepted)
 
     @property
+    def target_forwards(self) -> int:
+        """Target forwards of the call: the prefill, every verification round and every plain step."""
+        return 1 + self.rounds + self.plain_steps
+
+    @property
     def mean_accepted_length(self) -> float:
         """tau: mean tokens emitted per verification round, bonus token included."""
         return sum(a + 1 for a in self.accepted) / max(1, len(self.accepted))
+
+
+def _point_mass_logits(tokens: torch.LongTensor, vocab_size: int) -> torch.Tensor:
+    """`[1, K, V]` logits of the one-hot distributions a lookup draft is drawn from (0 at the token, -inf elsewhere):
+    rejection sampling then accepts x with probability p_target(x) and resamples from p_target without x, exactly."""
+    out = torch.full((*tokens.shape, vocab_size), float("-inf"), device=tokens.device)
+    return out.scatter_(2, tokens[..., None], 0.0)
+
+
+@dataclass
+class AssistOptions:
+    """How `generate(assistant_model=drafter)` chooses each round's drafts (`DSparkDrafter.set_assist`).
+
+    Attributes:
+        lookup: an `NgramLookup` whose drafts are tried first, or None.
+        lookup_max_tokens: the most lookup drafts per round.
+        use_drafter: run the DSpark drafter in rounds where lookup drafts do not pay (False: lookup or plain step).
+        sps: the target's cost curve (`SPSTable` or a callable B -> steps/s). With it, a round verifies the number of
+            drafts that maximises expected tokens per second, (1 + sum_{j<=l} a_j) * SPS(1 + l), possibly none; without
+            it, lookup drafts are verified while their prefix survival is at least `min_survival` and drafter blocks
+            are kept whole (or cut by `assistant_confidence_threshold`).
+        min_survival: the survival cut for lookup drafts without `sps`.
+        drafter_backoff: with `sps`, after n drafter rounds in a row whose schedule verified nothing, skip the drafter
+            for the next min(2^n - 1, 8) rounds (plain steps, or lookup drafts where they pay): the drafter's own
+            cost is not paid where its drafts keep not paying. Decided from past rounds only.
+    """
+
+    lookup: Any = None
+    lookup_max_tokens: int = 10
+    use_drafter: bool = True
+    sps: Any = None
+    min_survival: float = 0.3
+    drafter_backoff: bool = True
+
+    def __post_init__(self) -> None:
+        if self.lookup_max_tokens < 1:
+            raise ValueError(f"lookup_max_tokens must be >= 1, got {self.lookup_max_tokens}")
+        if not 0.0 <= self.min_survival <= 1.0:
+            raise ValueError(f"min_survival must lie in [0, 1], got {self.min_survival}")
+        if not self.use_drafter and self.lookup is None:
+            raise ValueError("use_drafter=False needs a lookup (otherwise no round would ever draft)")
+
+    def _costs(self, max_len: int) -> list[float]:
+        """Seconds per target step at 1 .. max_len + 1 tokens (SPS of the cost curve)."""
+        sps = self.sps
+        widths = torch.arange(1, max_len + 2)
+        rate = sps.steps_per_second(widths) if hasattr(sps, "steps_per_second") else torch.as_tensor(
+            [float(sps(int(b))) for b in widths])
+        return (1.0 / rate.double()).tolist()
+
+    def _best_length(self, survival: list[float], exhaustive: bool) -> int:
+        costs = self._costs(len(survival))
+        best, best_theta, tau = 0, 1.0 / costs[0], 1.0
+        for j, a in enumerate(survival, start=1):
+            tau += a
+            theta = tau / costs[j]
+            if theta > best_theta:
+                best, best_theta = j, theta
+            elif not exhaustive:
+                break
+        return best
+
+    def lookup_length(self, survival: list[float]) -> int:
+        """Lookup drafts to verify: their survival is a function of the sequence alone, so a whole-curve search is
+        safe for sampling too."""
+        if not survival:
+            return 0
+        if self.sps is None:
+            return sum(1 for a in survival if a >= self.min_survival)
+        return self._best_length(survival, exhaustive=True)
+
+    def drafter_length(self, confidences: torch.Tensor, exhaustive: bool) -> int:
+        """Drafter drafts to verify from their confidences `[K]` (prefix survival = cumulative product)."""
+        survival = torch.cumprod(confidences.float(), 0).tolist()
+        return self._best_length(survival, exhaustive) if survival else 0
 
 
 @dataclass
@@ -182,6 +264,10 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.prefilled = False
         self.stats = SpeculationStats()
         self._proposed = 0
+        self.assist: AssistOptions = getattr(drafter, "assist_options", None) or AssistOptions()
+        self._idle_rounds = 0  # consecutive drafter rounds whose schedule verified nothing
+        self._skip_drafter = 0  # drafter rounds still to skip (AssistOptions.drafter_backoff)
+        self._vocab_size = int(target.get_output_embeddings().weight.shape[0])  # the target's logits width
         # The latest call's statistics stay readable on the drafter (transformers creates this object per call).
         drafter.last_speculation_stats = self.stats
 
@@ -205,6 +291,18 @@ class DSparkCandidateGenerator(CandidateGenerator):
         num_drafts = min(self.max_drafts, budget)
         if num_drafts <= 0:
             return input_ids, None
+        assist = self.assist
+        if assist.lookup is not None:
+            found = self._lookup_round(input_ids, budget)
+            if found is not None:
+                return found
+            if not assist.use_drafter:
+                self.stats.plain_steps += 1
+                return input_ids, None
+        if self._skip_drafter > 0:  # recent drafter rounds verified nothing: a plain step, without the drafter's cost
+            self._skip_drafter -= 1
+            self.stats.plain_steps += 1
+            return input_ids, None
         device = self.drafter.device
         block = self.drafter.draft(
             self.cache,
@@ -219,10 +317,36 @@ class DSparkCandidateGenerator(CandidateGenerator):
             survival = block.survival
             keep = int((survival[0, : tokens.shape[1]] >= self.threshold).sum()) if survival is not None else 0
             tokens, logits = tokens[:, :keep], None if logits is None else logits[:, :keep]
+        elif assist.sps is not None and block.confidences is not None:
+            # Algorithm 1 on this row's confidences and the target's cost curve. Greedy output does not depend on
+            # which drafts are verified, so it searches the whole curve; sampling keeps the break (Appendix A).
+            keep = assist.drafter_length(block.confidences[0, : tokens.shape[1]], exhaustive=not self.do_sample)
+            tokens, logits = tokens[:, :keep], None if logits is None else logits[:, :keep]
+            if assist.drafter_backoff:  # (decided from past rounds only: never from this round's draws)
+                self._idle_rounds = self._idle_rounds + 1 if keep == 0 else 0
+                self._skip_drafter = min(2 ** self._idle_rounds - 1, 8) if keep == 0 else 0
         keep = self._drafts_before_stop(input_ids, tokens, logits) if tokens.shape[1] else 0
         self._proposed = keep
         if keep == 0:
+            self.stats.plain_steps += 1
             return input_ids, None
+        return torch.cat([input_ids, tokens[:, :keep]], dim=-1), None if logits is None else logits[:, :keep]
+
+    def _lookup_round(self, input_ids: torch.LongTensor, budget: int) -> tuple[torch.LongTensor, Any] | None:
+        """This round's lookup drafts, or None where none pays. Lookup drafts are a deterministic function of the
+        sequence, so whether they are used (and how many) never depends on a sampled draft token (models/lookup.py)."""
+        assist = self.assist
+        proposal = assist.lookup.propose(input_ids[0].tolist(), min(assist.lookup_max_tokens, budget))
+        keep = assist.lookup_length(proposal.survival)
+        if keep <= 0:
+            return None
+        tokens = torch.tensor([proposal.tokens[:keep]], dtype=input_ids.dtype, device=input_ids.device)
+        logits = _point_mass_logits(tokens, self._vocab_size) if self._needs_logits else None
+        keep = self._drafts_before_stop(input_ids, tokens, logits)
+        if keep <= 0:
+            return None
+        self._proposed = keep
+        self.stats.lookup_rounds += 1
         return torch.cat([input_ids, tokens[:, :keep]], dim=-1), None if logits is None else logits[:, :keep]
 
     def _drafts_before_stop(self, input_ids: torch.LongTensor, tokens: torch.LongTensor,
@@ -296,6 +420,61 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self._proposed = 0
 
 
+class LookupCandidateGenerator(DSparkCandidateGenerator):
+    """Lookup drafts alone (`assistant_model=LookupAssistant(...)`): no drafter, no hidden states; a round with no
+    lookup draft worth verifying is a plain step."""
+
+    requires_model_outputs: bool = False
+
+    def __init__(self, assistant: Any, target: torch.nn.Module, generation_config: Any, logits_processor: Any = None,
+                 stopping_criteria: Any = None) -> None:  # (the drafter-free part of the parent's set-up)
+        self.max_length = int(generation_config.max_length)
+        self.do_sample = bool(generation_config.do_sample)
+        self.stopping_criteria = stopping_criteria if stopping_criteria is not None and len(stopping_criteria) else None
+        self._stop = None if self.stopping_criteria is None else _StopRules.split(self.stopping_criteria)
+        ensemble = getattr(generation_config, "assistant_ensemble_weight", None)
+        self._needs_logits = (self.do_sample or ensemble is not None
+                              or (self._stop is not None and self._stop.per_token is not None))
+        self.assist = assistant.options
+        self._vocab_size = int(target.get_output_embeddings().weight.shape[0])
+        self.stats = SpeculationStats()
+        self._proposed = 0
+        assistant.last_speculation_stats = self.stats
+
+    def get_candidates(self, input_ids: torch.LongTensor, *args: Any, is_first_iteration: bool = False,
+                       **kwargs: Any) -> tuple[torch.LongTensor, torch.Tensor | None]:
+        if is_first_iteration:
+            return input_ids, None
+        budget = self.max_length - input_ids.shape[1] - 1  # leave room for the target's own token
+        if budget <= 0:  # the last token: nothing to draft (as in the drafter's rounds, not counted)
+            return input_ids, None
+        found = self._lookup_round(input_ids, budget)
+        if found is None:
+            self.stats.plain_steps += 1
+            return input_ids, None
+        return found
+
+
+class LookupAssistant:
+    """Lookup drafts as transformers' assistant: `target.generate(**inputs, assistant_model=LookupAssistant(lookup,
+    target, sps=...))` (batch size 1, greedy or sampling, lossless). No drafter and no training beyond counting the
+    target's own answers (`NgramLookup`); `sps` (the target's cost curve) makes each round verify the number of lookup
+    drafts that maximises expected tokens per second, none when none pays.
+
+    Attributes:
+        config: the target's config (transformers checks that assistant and target share a vocabulary).
+        options: the `AssistOptions` each call uses.
+        last_speculation_stats: `SpeculationStats` of the latest call.
+    """
+
+    def __init__(self, lookup: Any, target: torch.nn.Module, *, sps: Any = None, max_tokens: int = 10,
+                 min_survival: float = 0.3) -> None:
+        self.config = target.config
+        self.options = AssistOptions(lookup=lookup, lookup_max_tokens=max_tokens, use_drafter=False, sps=sps,
+                                     min_survival=min_survival)
+        self.last_speculation_stats: SpeculationStats | None = None
+
+
 def install_generate_hook() -> None:
     """Makes `generate(assistant_model=<DSparkDrafter>)` use `DSparkCandidateGenerator`, and hands `streamer` on to
     `custom_generate` callables marked `_dspark_takes_streamer`. Idempotent (also across copies of this file)."""
@@ -306,6 +485,12 @@ def install_generate_hook() -> None:
     @functools.wraps(original)
     def _get_candidate_generator(self, generation_config, input_ids, inputs_tensor, logits_processor, model_kwargs,
                                  assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
+        if isinstance(assistant_model, LookupAssistant):
+            if input_ids.shape[0] != 1:
+                raise ValueError(f"assistant_model=LookupAssistant runs transformers' assisted decoding, which supports "
+                                 f"batch size 1 only (got {input_ids.shape[0]})")
+            return LookupCandidateGenerator(assistant_model, self, generation_config, logits_processor,
+                                            _STOPPING_CRITERIA.get())
         if is_dspark_drafter(assistant_model):
             if input_ids.shape[0] != 1:
                 raise ValueError(

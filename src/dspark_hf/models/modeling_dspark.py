@@ -325,6 +325,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         self._draft_head: tuple | None = None  # (source weight, key, W, b): the head rows the drafts use
         self._draft_kernel: tuple | None = None  # (source weight, key, DraftHead): those rows in the drafting dtype
         self.last_speculation_stats = None  # set by generate(assistant_model=self): see SpeculationStats
+        self.assist_options = None  # how generate(assistant_model=self) picks drafts: see set_assist
         self.post_init()
         self.set_sts_temperatures(config.sts_temperatures)
         # `generate(assistant_model=self)` needs the candidate-generator hook; `import dspark_hf` installs it, and a
@@ -692,6 +693,31 @@ class DSparkDrafter(DSparkPreTrainedModel):
             return self.lm_head(hidden)
         weight, bias = self._head_rows(None)
         return nn.functional.linear(hidden.to(weight.dtype), weight, bias)
+
+    def set_assist(self, lookup: Any = None, *, sps: Any = None, use_drafter: bool = True,
+                   lookup_max_tokens: int = 10, min_survival: float = 0.3) -> None:
+        """How `target.generate(..., assistant_model=self)` (batch size 1) picks each round's drafts; a runtime option
+        (never saved). `set_assist()` restores the default (the whole block every round).
+
+        Args:
+            lookup: an `NgramLookup` (n-gram drafts from the target's own answers and from the sequence itself).
+                Each round tries it first; its drafts are used when they pay, and the drafter runs otherwise.
+            sps: the target's cost curve (`dspark_hf.profile_sps(target)`). With it each round verifies the number of
+                drafts (lookup or drafter) that maximises expected tokens per second, possibly none: on a CPU, where a
+                forward of 2 tokens can cost far more than one, rounds the drafts would not pay for are plain steps.
+            use_drafter: False: never run the drafter (lookup drafts or a plain step).
+            lookup_max_tokens: the most lookup drafts per round.
+            min_survival: without `sps`, lookup drafts are verified while their estimated prefix survival is at
+                least this.
+        Lossless either way (see `models/lookup.py` and `candidate_generator.AssistOptions`).
+        """
+        from .candidate_generator import AssistOptions
+
+        if lookup is None and sps is None and use_drafter:
+            self.assist_options = None
+            return
+        self.assist_options = AssistOptions(lookup=lookup, lookup_max_tokens=lookup_max_tokens,
+                                            use_drafter=use_drafter, sps=sps, min_survival=min_survival)
 
     @property
     def draft_head_dtype(self) -> torch.dtype | None:

@@ -6,7 +6,7 @@ release DSpark drafter shipped inside this package, on a few prompts through the
 Llama target and an *untrained* drafter (no download; drafts are almost never accepted, so it shows the mechanics and
 the lossless check, not a speedup).
 
-For each prompt it prints the text, tau (tokens emitted per verification round, bonus included), tokens/s of
+For each prompt it prints the text, tau (new tokens per target forward, bonus included), tokens/s of
 speculative and of target-only greedy decoding measured side by side, and whether the speculative output equals the
 target's own greedy output token for token.
 """
@@ -95,8 +95,12 @@ def _timed_generate(target, inputs, **kwargs) -> tuple[torch.Tensor, float]:
     return out, time.perf_counter() - start
 
 
-def run_demo(target, drafter, tokenizer=None, prompts=None, max_new_tokens: int = 64) -> list[DemoRow]:
+def run_demo(target, drafter, tokenizer=None, prompts=None, max_new_tokens: int = 64,
+             speculative_target=None) -> list[DemoRow]:
+    """Per prompt: target-only greedy decoding on `target`, then speculative decoding with `drafter` (on
+    `speculative_target`, e.g. a prepacked copy of `target`, when given), timed back to back."""
     rows = []
+    spec_target = target if speculative_target is None else speculative_target
     prompts = prompts or (DEFAULT_PROMPTS if tokenizer is not None else [None] * 3)
     for i, prompt in enumerate(prompts):
         if tokenizer is not None:
@@ -113,15 +117,17 @@ def run_demo(target, drafter, tokenizer=None, prompts=None, max_new_tokens: int 
             prompt = f"random token prompt #{i} ({ids.shape[1]} tokens)"
         inputs = {k: v.to(target.device) for k, v in inputs.items()}
         _timed_generate(target, inputs, max_new_tokens=4, do_sample=False)  # warm-up
+        if i == 0:
+            _timed_generate(spec_target, inputs, assistant_model=drafter, max_new_tokens=8, do_sample=False)
         ref, t_ref = _timed_generate(target, inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        out, t_spec = _timed_generate(target, inputs, assistant_model=drafter, max_new_tokens=max_new_tokens,
+        out, t_spec = _timed_generate(spec_target, inputs, assistant_model=drafter, max_new_tokens=max_new_tokens,
                                       do_sample=False)
         n_new = out.shape[1] - inputs["input_ids"].shape[1]
         n_ref = ref.shape[1] - inputs["input_ids"].shape[1]
         new_ids = out[0, inputs["input_ids"].shape[1]:]
         text = tokenizer.decode(new_ids, skip_special_tokens=True) if tokenizer is not None else str(new_ids.tolist())
         stats = drafter.last_speculation_stats
-        rows.append(DemoRow(prompt=prompt, text=text, new_tokens=n_new, tau=stats.mean_accepted_length,
+        rows.append(DemoRow(prompt=prompt, text=text, new_tokens=n_new, tau=n_new / stats.target_forwards,
                             spec_tokens_per_s=n_new / t_spec, target_tokens_per_s=n_ref / t_ref,
                             identical=torch.equal(out, ref)))
     return rows
@@ -151,6 +157,7 @@ class DemoSetup:
     drafter: DSparkDrafter
     tokenizer: Any
     description: str = ""
+    speculative_target: PreTrainedModel | None = None  # what speculative decoding runs on (None: `target`)
 
 
 TOY_NOTE = ("--toy: a small RANDOM Llama target and an UNTRAINED DSpark drafter.\nIts drafts are almost never "
@@ -158,12 +165,19 @@ TOY_NOTE = ("--toy: a small RANDOM Llama target and an UNTRAINED DSpark drafter.
 
 
 def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = None, toy: bool = False,
-                 draft_head_dtype: str | torch.dtype | None = None) -> DemoSetup:
+                 draft_head_dtype: str | torch.dtype | None = None, lookup: bool = True,
+                 prepack: bool = True) -> DemoSetup:
     """The demo's target and drafter: the toy pair (`toy`), or the target (`load_target`: registry name or folder)
     with the drafter folder `drafter`, else with its release drafter (`ValueError` when it has none).
     `draft_head_dtype` (`"int8"`, `"float16"`, `"bfloat16"`, `"float32"` or a dtype) goes to
-    `DSparkDrafter.set_draft_head_dtype`."""
-    from .release import RELEASES, load_release_drafter
+    `DSparkDrafter.set_draft_head_dtype`.
+
+    For a registered target on the CPU, by default speculative decoding runs as this package recommends there: on a
+    prepacked copy of the target (`prepack_linears`: verifying a few tokens costs little more than one), with the
+    target's shipped n-gram lookup drafts tried before the drafter's, and each round's length chosen from the cost
+    curve profiled here (`set_assist(lookup, sps=...)`). `lookup=False` / `prepack=False` turn those off;
+    target-only decoding always runs on the unmodified target."""
+    from .release import RELEASES, load_release_drafter, load_release_lookup
 
     torch.manual_seed(0)
     description = ""
@@ -184,7 +198,33 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
             description = (f"target {target} with its release DSpark drafter "
                            f"(block {drafter_model.config.block_size}, {drafter_model.config.sequential_head} head)")
     drafter_model.set_draft_head_dtype(draft_head_dtype)  # (a dtype name works too)
-    return DemoSetup(target_model, drafter_model, tokenizer, description)
+    setup = DemoSetup(target_model, drafter_model, tokenizer, description)
+    if toy or target_model.device.type != "cpu":
+        return setup
+    notes = []
+    if prepack:
+        import copy
+
+        from ..models.prepacked import prepack_linears, prepacked_available
+
+        if prepacked_available():
+            setup.speculative_target = copy.deepcopy(target_model)
+            prepack_linears(setup.speculative_target)
+            drafter_model.bind_target(setup.speculative_target)
+            notes.append("prepacked CPU linears")
+    table = load_release_lookup(target) if lookup and not drafter else None
+    if table is not None:
+        from ..decoding.sps import profile_sps
+
+        spec = setup.speculative_target or target_model
+        sps = profile_sps(spec, max_tokens=16, tokens_per_row=16, context_lengths=(256,), repeats=3, progress=False)
+        drafter_model.set_assist(table, sps=sps)
+        notes.append(f"n-gram lookup drafts ({len(table):,} n-grams) before the drafter's, round lengths from the "
+                     f"cost curve measured now (B=8 costs {float(sps.steps_per_second(1) / sps.steps_per_second(8)):.2f}x "
+                     "B=1)")
+    if notes:
+        setup.description += "\nspeculative decoding with " + "; ".join(notes) + " (target-only: the plain target)"
+    return setup
 
 
 def main(argv: list[str] | None = None) -> list[DemoRow]:
@@ -199,16 +239,22 @@ def main(argv: list[str] | None = None) -> list[DemoRow]:
     parser.add_argument("--toy", action="store_true", help="random toy target + untrained drafter (no download)")
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--prompt", action="append", help="prompt text (repeatable)")
+    parser.add_argument("--no-lookup", action="store_true",
+                        help="drafter drafts only (default for a registered target: its n-gram lookup drafts first)")
+    parser.add_argument("--no-prepack", action="store_true",
+                        help="run speculative decoding on the plain target (default on a CPU: prepacked linears)")
     parser.add_argument("--draft-head-dtype", choices=["int8", "float16", "bfloat16", "float32"],
                         help="draft from the LM head in this weight dtype (int8 / float16: fbgemm kernels, the "
                              "cheapest drafting rounds on a CPU; default: the head itself; lossless either way)")
     args = parser.parse_args(argv)
     if not args.toy and not args.drafter and args.target not in RELEASES:
         parser.error(f"no release drafter for {args.target!r}: pass --drafter FOLDER (or use --toy)")
-    setup = prepare_demo(args.target, args.drafter, args.toy, args.draft_head_dtype)
+    setup = prepare_demo(args.target, args.drafter, args.toy, args.draft_head_dtype, lookup=not args.no_lookup,
+                         prepack=not args.no_prepack)
     if setup.description:
         print(setup.description)
-    rows = run_demo(setup.target, setup.drafter, setup.tokenizer, args.prompt, args.max_new_tokens)
+    rows = run_demo(setup.target, setup.drafter, setup.tokenizer, args.prompt, args.max_new_tokens,
+                    speculative_target=setup.speculative_target)
     print(format_rows(rows))
     return rows
 

@@ -23,6 +23,7 @@ from typing import Any
 import torch
 
 __all__ = [
+    "LOOKUPS",
     "MAX_RELEASE_BYTES",
     "QUANTIZED",
     "RELEASES",
@@ -30,6 +31,7 @@ __all__ = [
     "export_release",
     "export_target_release",
     "folder_bytes",
+    "load_release_lookup",
     "load_release",
     "load_release_drafter",
     "portable_release_target",
@@ -42,6 +44,24 @@ RELEASE_DIR = Path(__file__).resolve().parent / "releases"
 MAX_RELEASE_BYTES = 40_000_000
 # registered target name -> release folder name
 RELEASES: dict[str, str] = {"smollm2-135m-instruct": "smollm2-135m-instruct-dspark"}
+
+
+# registered target name -> folder of its n-gram lookup table (`dspark-hf lookup`, kept apart from the drafter's folder)
+LOOKUPS: dict[str, str] = {"smollm2-135m-instruct": "smollm2-135m-instruct-lookup"}
+
+
+def load_release_lookup(target_name: str):
+    """The `NgramLookup` shipped for a registered target (built from its committed answers), or None if none ships.
+
+    Rebuild it with the command in its folder's README.md."""
+    from ..models.lookup import NgramLookup
+
+    if target_name not in LOOKUPS:
+        return None
+    path = RELEASE_DIR / LOOKUPS[target_name] / "lookup.safetensors"
+    if not path.is_file():
+        raise FileNotFoundError(f"the lookup table for {target_name!r} is missing from {path} (a broken install?)")
+    return NgramLookup.load(path)
 
 
 def release_path(target_name: str) -> Path:

@@ -1,0 +1,188 @@
+"""Batch 1, greedy, side by side in one run: target-only vs transformers' prompt lookup vs the DSpark drafter vs
+n-gram lookup drafts (alone and with the drafter), with and without prepacked CPU linears (issue 14).
+
+    python scripts/bench_lookup.py --out results/lookup_smollm2 [--sets humaneval mt_bench ...] [--prompts 2]
+
+Every method runs on the same prompts, one prompt at a time, in a fixed order right after the baseline (target-only
+on the unmodified target), so ratios are taken under the same machine state. Outputs are checked token for token
+against that baseline. `tau` is new tokens per target forward (prefill included, as in `dspark-hf compare`).
+The lookup table is built from the committed data (`dspark-hf lookup`) when `--lookup` does not exist yet; the
+batch-1 cost curve (SPS) is profiled in the run, on the prepacked target, and printed.
+
+Methods (`packed` = `dspark_hf.prepack_linears` applied to a copy of the target):
+  target-only         the target's own greedy decoding (the baseline of every ratio)
+  target-only/packed  the same on the packed copy
+  prompt-lookup       transformers' prompt lookup (prompt_lookup_num_tokens=10), unpacked / packed
+  (the dspark methods need the target's release drafter; pass --methods without them for other targets)
+  dspark              the release drafter, whole block every round (as `generate(assistant_model=drafter)`), packed
+  dspark+sps          the drafter, Algorithm 1 on its confidences and the measured cost curve (none verified when
+                      nothing pays), packed
+  lookup              n-gram lookup drafts only (`assistant_model=LookupAssistant(lookup, target, sps=...)`), packed
+  lookup+dspark       lookup drafts first, the drafter where they do not pay, packed
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import dspark_hf
+from dspark_hf.evaluation.prompt_sets import load_prompt_set
+from dspark_hf.models.lookup import NgramLookup
+from dspark_hf.models.prepacked import prepack_linears
+from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenance
+from dspark_hf.testbed.release import load_release_drafter
+from dspark_hf.testbed.targets import load_target
+from dspark_hf.training.data import chat_prompt_ids
+
+ALL_METHODS = ["target-only/packed", "prompt-lookup", "prompt-lookup/packed", "dspark", "dspark+sps", "lookup",
+               "lookup+dspark"]
+DRAFTER_METHODS = ("dspark", "dspark+sps", "lookup+dspark")
+DEFAULT_DATA = {"smollm2-135m-instruct": "data/smollm2-135m-12k,data/smollm2-135m",
+                "qwen2.5-coder-0.5b-instruct": "data/qwen2.5-coder-0.5b"}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--data", help="data for the lookup table (default: the target's committed data)")
+    p.add_argument("--lookup", help="lookup table, built from --data when missing (default: "
+                                    "outputs/lookup/<target>.safetensors)")
+    p.add_argument("--sets", nargs="+", default=["humaneval", "mt_bench", "math500", "aime", "gsm_symbolic"])
+    p.add_argument("--prompts", type=int, default=2, help="prompts per set")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--methods", nargs="+", default=ALL_METHODS, choices=ALL_METHODS)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--draft-head-dtype", default="int8")
+    p.add_argument("--out", default="results/lookup_smollm2")
+    args = p.parse_args()
+    args.data = args.data or DEFAULT_DATA.get(args.target)
+    args.lookup = args.lookup or f"outputs/lookup/{Path(args.target).name}.safetensors"
+    torch.set_num_threads(args.threads)
+
+    target, tok = load_target(args.target)
+    packed = copy.deepcopy(target)
+    swapped = prepack_linears(packed)
+    methods = [m for m in ALL_METHODS if m in args.methods]
+    drafter = None
+    if any(m in DRAFTER_METHODS for m in methods):
+        drafter = load_release_drafter(args.target, packed)  # (raises for a target without a release drafter)
+        drafter.set_draft_head_dtype(args.draft_head_dtype)
+    lookup_path = Path(args.lookup)
+    if not lookup_path.is_file():
+        if not args.data:
+            p.error(f"--data is needed to build {lookup_path} for {args.target}")
+        NgramLookup.from_data(args.data).save(lookup_path)
+    lookup = NgramLookup.load(lookup_path)
+    sps = dspark_hf.profile_sps(packed, max_tokens=16, tokens_per_row=16, context_lengths=(256,), repeats=5,
+                                progress=False)
+    widths = [1, 2, 3, 4, 6, 8, 12, 16]
+    curve = {b: float(1.0 / sps.steps_per_second(b)) for b in widths}
+    print("batch-1 cost curve, packed target (ms per forward of B new tokens): "
+          + ", ".join(f"{b}: {1000 * s:.1f} ({s / curve[1]:.2f}x)" for b, s in curve.items()), flush=True)
+
+    n = args.max_new_tokens
+
+    def gen(model, **kw):
+        return lambda x: model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False, **kw)
+
+    def assisted(**options):
+        def run(x):
+            drafter.set_assist(**options)
+            try:
+                return gen(packed, assistant_model=drafter)(x)
+            finally:
+                drafter.set_assist()
+        return run
+
+    runners = {
+        "target-only/packed": gen(packed),
+        "prompt-lookup": gen(target, prompt_lookup_num_tokens=10),
+        "prompt-lookup/packed": gen(packed, prompt_lookup_num_tokens=10),
+        "dspark": assisted(),
+        "dspark+sps": assisted(sps=sps),
+        "lookup": gen(packed, assistant_model=dspark_hf.LookupAssistant(lookup, packed, sps=sps)),
+        "lookup+dspark": assisted(lookup=lookup, sps=sps),
+    }
+    counts = {"target": [0], "packed": [0]}
+    hooks = [target.register_forward_pre_hook(lambda *_: counts["target"].__setitem__(0, counts["target"][0] + 1)),
+             packed.register_forward_pre_hook(lambda *_: counts["packed"].__setitem__(0, counts["packed"][0] + 1))]
+
+    def timed(run, x):
+        before = counts["target"][0] + counts["packed"][0]
+        start = time.perf_counter()
+        out = run(x)
+        seconds = time.perf_counter() - start
+        return out, seconds, counts["target"][0] + counts["packed"][0] - before
+
+    rows = []
+    first = True
+    for name in args.sets:
+        items = load_prompt_set(name, limit=args.prompts)
+        prompts = [torch.tensor([chat_prompt_ids(tok, it.messages)]) for it in items]
+        stats = {m: {"seconds": 0.0, "tokens": 0, "forwards": 0, "identical": 0} for m in ["target-only"] + methods}
+        for x in prompts:
+            if first:  # warm every path once, untimed
+                for run in [gen(target)] + [runners[m] for m in methods]:
+                    run(x)
+                first = False
+            base, seconds, forwards = timed(gen(target), x)
+            s = stats["target-only"]
+            s["seconds"] += seconds; s["tokens"] += base.shape[1] - x.shape[1]; s["forwards"] += forwards  # noqa: E702
+            s["identical"] += 1
+            for m in methods:
+                out, seconds, forwards = timed(runners[m], x)
+                s = stats[m]
+                s["seconds"] += seconds; s["tokens"] += out.shape[1] - x.shape[1]; s["forwards"] += forwards  # noqa: E702
+                s["identical"] += int(torch.equal(out, base))
+        base_rate = stats["target-only"]["tokens"] / stats["target-only"]["seconds"]
+        for m, s in stats.items():
+            rate = s["tokens"] / s["seconds"]
+            rows.append({"set": name, "method": m, "prompts": len(prompts), "tokens_per_s": rate,
+                         "speedup": rate / base_rate, "tau": s["tokens"] / max(1, s["forwards"]),
+                         "identical": f"{s['identical']}/{len(prompts)}"})
+        print(" | ".join(f"{r['method']}: {r['speedup']:.2f}x tau {r['tau']:.2f} ({r['identical']})"
+                         for r in rows if r["set"] == name), flush=True)
+    for h in hooks:
+        h.remove()
+
+    all_methods = ["target-only"] + methods
+    geo = {m: statistics.geometric_mean([r["speedup"] for r in rows if r["method"] == m]) for m in all_methods}
+    macro_tau = {m: statistics.mean([r["tau"] for r in rows if r["method"] == m]) for m in all_methods}
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    prov = provenance(threads=args.threads, prepacked_linears=swapped, lookup=str(lookup_path),
+                      lookup_ngrams=len(lookup), lookup_meta=lookup.meta)
+    atomic_write_json(out / "results.json", {"provenance": prov, "settings": vars(args), "cost_curve_s": curve,
+                                             "rows": rows, "geomean_speedup": geo, "macro_tau": macro_tau})
+    lines = ["# Batch 1, greedy: target-only vs prompt lookup vs DSpark vs n-gram lookup drafts (issue 14)", "",
+             f"`python scripts/bench_lookup.py --out {args.out} --sets {' '.join(args.sets)} --prompts {args.prompts}"
+             f" --max-new-tokens {n} --threads {args.threads}`", "",
+             f"Device: {prov['device']}; torch {prov['torch']}; transformers {prov['transformers']}; commit "
+             f"`{prov['git_commit']}`. Lookup table: {len(lookup):,} n-grams from {lookup.meta.get('sequences')} "
+             f"examples ({lookup.meta.get('answer_tokens')} answer tokens). Packed: {swapped} linears.", "",
+             "Batch-1 cost curve of the packed target (seconds per forward of B new tokens, relative to B = 1): "
+             + ", ".join(f"B={b}: {s / curve[1]:.2f}x" for b, s in curve.items()) + ".", "",
+             "| method | " + " | ".join(args.sets) + " | geo-mean speedup | macro tau |",
+             "|---" * (len(args.sets) + 3) + "|"]
+    for m in all_methods:
+        cells = []
+        for name in args.sets:
+            r = next(r for r in rows if r["method"] == m and r["set"] == name)
+            same = "" if r["identical"].split("/")[0] == r["identical"].split("/")[1] else f" ({r['identical']} same)"
+            cells.append(f"{r['speedup']:.2f}x, tau {r['tau']:.2f}{same}")
+        lines.append(f"| {m} | " + " | ".join(cells) + f" | {geo[m]:.2f}x | {macro_tau[m]:.2f} |")
+    lines += ["", "Speedup: tokens/s over target-only (unpacked) on the same prompts in this run; tau: new tokens per "
+              "target forward. Every output equals target-only's token for token unless a cell says otherwise."]
+    atomic_write_text(out / "results.md", "\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,290 @@
+"""N-gram lookup drafts (`NgramLookup`, `DSparkDrafter.set_assist`): the table's statistics, storage, and that
+`generate(assistant_model=drafter)` stays lossless with lookup drafts (greedy equals the target's own output, sampling
+follows the target's distribution) while actually using them."""
+
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import exact_joint, greedy_continuation, make_drafter, make_target
+from dspark_hf.models.candidate_generator import AssistOptions, LookupAssistant
+from dspark_hf.models.lookup import NgramLookup, _suffix_hash, _window_hashes
+
+
+def _all(seqs):
+    return [(s, [1] * len(s)) for s in seqs]
+
+
+# ------------------------------------------------------------------------------------------------ the table
+def test_corpus_candidate_is_the_most_frequent_continuation_of_the_longest_match():
+    lookup = NgramLookup.build(_all([[1, 2, 3, 4]] * 3 + [[1, 2, 3, 5]]), max_order=4, heldout_share=0.0)
+    # order 3 (1, 2, 3) -> 4 three times out of four
+    assert lookup._corpus_candidate([9, 1, 2, 3]) == (4, 3, 3, 4)
+    # backs off to the longest order that matches: (7, 2, 3) is unseen, (2, 3) is
+    assert lookup._corpus_candidate([7, 2, 3]) == (4, 2, 3, 4)
+    assert lookup._corpus_candidate([42]) is None
+
+
+def test_ties_go_to_the_smaller_id_and_only_answer_tokens_are_predicted():
+    # prompt tokens (mask 0) are never a predicted next token, but may be context of one
+    seqs = [([8, 1, 6], [0, 0, 1]), ([8, 1, 5], [0, 0, 1]), ([1, 9], [0, 0])]
+    lookup = NgramLookup.build(seqs, max_order=2, heldout_share=0.0)
+    assert lookup._corpus_candidate([8, 1]) == (5, 2, 1, 2)  # 5 and 6 once each: the smaller id
+    assert lookup._corpus_candidate([8]) is None  # 8 -> 1 is a prompt token: not counted
+
+
+def test_window_hash_of_a_suffix_matches_the_vectorised_hashes():
+    rng = np.random.default_rng(0)
+    ids = rng.integers(0, 50_000, size=40)
+    hashes = _window_hashes(ids, 8)
+    for n in range(1, 9):
+        for end in (n, 17, 40):
+            assert _suffix_hash(ids[:end].tolist(), n) == hashes[n][end - n]
+
+
+def test_context_candidate_prefers_the_longest_suffix_and_then_frequency_then_recency():
+    lookup = NgramLookup.build(_all([[0, 0]]), max_order=4, heldout_share=0.0)
+    assert lookup._context_candidate([7, 8, 9, 3, 7, 8]) == (9, 2, 1, 1)
+    # suffix (5,) followed by 1, 2, 2: the most frequent continuation wins
+    assert lookup._context_candidate([5, 1, 5, 2, 5, 2, 4, 5])[0] == 2
+    # 1 and 2 once each after (5,): the most recent wins
+    assert lookup._context_candidate([5, 1, 5, 2, 4, 5])[0] == 2
+    assert lookup._context_candidate([1, 2, 3]) is None
+
+
+def test_propose_continues_a_memorised_sequence_with_decreasing_survival():
+    seq = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]
+    lookup = NgramLookup.build(_all([seq] * 5), max_order=6, heldout_share=0.0)
+    proposal = lookup.propose(seq[:6], 8)
+    assert proposal.tokens == seq[6:14]
+    assert all(0.0 < a <= 1.0 for a in proposal.acceptance)
+    survival = proposal.survival
+    assert all(b <= a for a, b in zip(survival, survival[1:]))
+    assert lookup.propose(seq[:6], 0).tokens == []
+
+
+def test_calibration_measures_held_out_acceptance_and_estimates_follow_it():
+    rng = np.random.default_rng(1)
+    # deterministic data: every continuation is right, so calibrated estimates of long matches rise toward 1
+    base = rng.integers(0, 30, size=60).tolist()
+    seqs = [(base[i:] + base[:i], [1] * 60) for i in range(60)]
+    lookup = NgramLookup.build(seqs, max_order=5, heldout_share=0.3, ids=[f"s{i}" for i in range(60)])
+    report = lookup.calibration_report()
+    assert report["corpus"]["trials"] > 100
+    assert report["corpus"]["rate"] > 0.9
+    top = lookup.estimate(0, 5, 10, 10)
+    assert top > 0.9 and top > lookup.estimate(0, 1, 1, 4)  # calibrated above the 0.5 * purity prior
+
+
+def test_bad_input_is_refused():
+    with pytest.raises(ValueError, match="no sequences"):
+        NgramLookup.build([])
+    with pytest.raises(ValueError, match="max_order"):
+        NgramLookup.build(_all([[1, 2]]), max_order=0)
+    with pytest.raises(ValueError, match="as long as"):
+        NgramLookup.build([([1, 2, 3], [1, 1])])
+    with pytest.raises(ValueError, match="non-negative"):
+        NgramLookup.build(_all([[1, -2]]))
+
+
+# ------------------------------------------------------------------------------------------------ storage
+def test_save_load_round_trip_is_atomic_and_checked(tmp_path):
+    seq = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+    lookup = NgramLookup.build(_all([seq] * 4 + [[1, 5, 7]]), max_order=4, heldout_share=0.0, meta={"k": "v"})
+    path = tmp_path / "sub" / "lookup.safetensors"
+    lookup.save(path)
+    assert [p.name for p in path.parent.iterdir()] == ["lookup.safetensors"]  # no temporary file left
+    again = NgramLookup.load(path)
+    assert again.meta["k"] == "v" and len(again) == len(lookup)
+    for prefix in ([3, 1, 4], [1, 5], [9, 9, 2]):
+        assert again.propose(prefix, 5) == lookup.propose(prefix, 5)
+    with pytest.raises(FileNotFoundError, match="dspark-hf lookup"):
+        NgramLookup.load(tmp_path / "missing.safetensors")
+    from safetensors.numpy import save_file
+
+    save_file({"x": np.zeros(2)}, str(tmp_path / "other.safetensors"), metadata={"format": "something-else"})
+    with pytest.raises(ValueError, match="not an n-gram lookup"):
+        NgramLookup.load(tmp_path / "other.safetensors")
+    tensors = {"calibration": lookup.calibration}
+    for n in range(1, 5):
+        t = lookup.tables[n]
+        tensors.update({f"keys.{n}": t.keys.view(np.int64)[::-1].copy(), f"best.{n}": t.best,
+                        f"count.{n}": t.count, f"total.{n}": t.total})
+    save_file(tensors, str(tmp_path / "bad.safetensors"),
+              metadata={"format": "dspark-ngram-lookup-v1", "max_order": "4", "meta": "{}"})
+    with pytest.raises(ValueError, match="corrupt"):
+        NgramLookup.load(tmp_path / "bad.safetensors")
+
+
+def test_cli_builds_a_table_from_a_data_folder(tmp_path):
+    data = tmp_path / "data"
+    data.mkdir()
+    rows = [{"id": f"x{i}", "input_ids": [1, 2, 3, 4, 5, 6, 7, 8], "loss_mask": [0, 0, 1, 1, 1, 1, 1, 1],
+             "source": "t"} for i in range(20)]
+    (data / "data-00000.jsonl").write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    out = tmp_path / "lk.safetensors"
+    res = subprocess.run([sys.executable, "-m", "dspark_hf.cli", "lookup", "--data", str(data), "--out", str(out),
+                          "--max-order", "3"], capture_output=True, text=True, check=True)
+    assert "n-grams (orders 1-3) from 20 examples" in res.stdout
+    assert NgramLookup.load(out).propose([1, 2, 3], 3).tokens == [4, 5, 6]
+
+
+# ------------------------------------------------------------------------------------------------ decoding
+def _lookup_from_target(target, prompts, n=24, noise_seed=None):
+    """A table built from the target's own greedy continuations (drafts often right), plus random sequences
+    (drafts often wrong) when noise_seed is given."""
+    seqs = []
+    for p in prompts:
+        ids = torch.tensor([p])
+        cont = greedy_continuation(target, ids, n)[0].tolist()
+        seqs.append((p + cont, [0] * len(p) + [1] * len(cont)))
+    if noise_seed is not None:
+        g = torch.Generator().manual_seed(noise_seed)
+        for _ in range(10):
+            s = torch.randint(0, target.config.vocab_size, (30,), generator=g).tolist()
+            seqs.append((s, [1] * 30))
+    return NgramLookup.build(seqs, max_order=4, heldout_share=0.0)
+
+
+PROMPTS = [[5, 17, 33, 2], [40, 41, 42, 43, 44, 45], [7, 8]]
+
+
+@pytest.mark.parametrize("use_drafter, sps", [(False, None), (True, None), (True, "curve"), (False, "curve")])
+def test_greedy_with_lookup_drafts_equals_target_and_uses_them(use_drafter, sps):
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=4)
+    lookup = _lookup_from_target(target, PROMPTS[:2], noise_seed=3)
+    # a jagged CPU-like curve: one token is cheap, 2+ cost 1.6x
+    curve = (lambda b: 1.0 if b <= 1 else 1 / 1.6) if sps == "curve" else None
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        ref = greedy_continuation(target, ids, 30)
+        drafter.set_assist(lookup, sps=curve, use_drafter=use_drafter, min_survival=0.0)
+        try:
+            out = target.generate(ids, assistant_model=drafter, max_new_tokens=30, do_sample=False)
+        finally:
+            drafter.set_assist()
+        assert torch.equal(out[:, ids.shape[1]:], ref), prompt
+        stats = drafter.last_speculation_stats
+        if prompt in PROMPTS[:2]:  # the memorised continuations: lookup rounds with accepted drafts
+            assert stats.lookup_rounds > 0 and sum(stats.accepted) > 0
+    assert drafter.assist_options is None  # set_assist() restored the default
+
+
+@pytest.mark.parametrize("sps", [None, "curve"])
+def test_lookup_assistant_without_a_drafter_equals_target_greedy(sps):
+    target = make_target("llama", vocab_size=96, seed=0)
+    lookup = _lookup_from_target(target, PROMPTS[:2], noise_seed=3)
+    curve = (lambda b: 1.0 if b <= 1 else 1 / 1.6) if sps == "curve" else None
+    assistant = LookupAssistant(lookup, target, sps=curve, min_survival=0.0)
+    for prompt in PROMPTS:
+        ids = torch.tensor([prompt])
+        out = target.generate(ids, assistant_model=assistant, max_new_tokens=30, do_sample=False)
+        assert torch.equal(out[:, ids.shape[1]:], greedy_continuation(target, ids, 30)), prompt
+        stats = assistant.last_speculation_stats
+        if prompt in PROMPTS[:2]:
+            assert stats.lookup_rounds > 0 and sum(stats.accepted) > 0
+        # every step is a verified round or a plain step: together they emit the new tokens (the prefill's first
+        # token aside, up to the cut at max_new_tokens)
+        assert 29 <= sum(a + 1 for a in stats.accepted) + stats.plain_steps <= 30
+    with pytest.raises(ValueError, match="batch size 1"):
+        target.generate(torch.tensor([[1, 2], [3, 4]]), attention_mask=torch.ones(2, 2, dtype=torch.long),
+                        assistant_model=assistant, max_new_tokens=3)
+
+
+def test_a_jagged_cost_curve_verifies_nothing_when_drafts_do_not_pay():
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=4)
+    lookup = _lookup_from_target(target, PROMPTS[:1], noise_seed=None)
+    ids = torch.tensor([PROMPTS[2]])  # an unseen prompt: only weak, short matches
+    prohibitive = lambda b: 1.0 if b <= 1 else 1e-3  # noqa: E731  (any verified draft costs 1000x)
+    drafter.set_assist(lookup, sps=prohibitive, use_drafter=True)
+    out = target.generate(ids, assistant_model=drafter, max_new_tokens=12, do_sample=False)
+    drafter.set_assist()
+    assert torch.equal(out[:, ids.shape[1]:], greedy_continuation(target, ids, 12))
+    stats = drafter.last_speculation_stats
+    assert stats.rounds == 0 and stats.plain_steps > 0  # every step plain: no draft was worth verifying
+
+
+@pytest.mark.parametrize("via", ["drafter", "assistant"])
+def test_sampling_with_lookup_drafts_matches_the_target_distribution(via):
+    """First 3 tokens over V^3 = 64 outcomes, lookup drafts (point masses) proposed in most rounds: the empirical
+    distribution is within 2.5x the TV expected from exact sampling of the enumerated target distribution. The
+    lookup proposes the cyclic successor of each token, which the target does not favour, so an accept-all
+    verifier would fail the bound."""
+    target = make_target("llama", vocab_size=4, seed=3, sharpen=6.0)
+    drafter = make_drafter(target, block_size=3, markov_rank=4, seed=4)
+    cycle = [0, 1, 2, 3] * 8
+    lookup = NgramLookup.build([(cycle, [1] * len(cycle))], max_order=2, heldout_share=0.0)
+    prompt, n_runs, n_tokens, temperature = [1, 2, 3, 1], 2500, 3, 0.9
+    exact = exact_joint(target, prompt, n_tokens, temperature, None, None)
+    counts = torch.zeros(4 ** n_tokens)
+    lookup_rounds = rounds = 0
+    ids = torch.tensor([prompt])
+    drafter.set_assist(lookup, use_drafter=False, min_survival=0.0, lookup_max_tokens=3)
+    assistant = drafter if via == "drafter" else LookupAssistant(lookup, target, min_survival=0.0, max_tokens=3)
+    for run in range(n_runs):
+        torch.manual_seed(run)
+        out = target.generate(ids, assistant_model=assistant, do_sample=True, max_new_tokens=n_tokens,
+                              temperature=temperature)
+        new = out[0, len(prompt):].tolist()
+        counts[sum(t * 4 ** (n_tokens - 1 - i) for i, t in enumerate(new))] += 1
+        stats = assistant.last_speculation_stats
+        lookup_rounds += stats.lookup_rounds
+        rounds += stats.rounds + stats.plain_steps
+    drafter.set_assist()
+    assert lookup_rounds > 0.9 * rounds
+    empirical = counts / n_runs
+    expected_tv = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (math.pi * n_runs)).sum().item()
+    tv = 0.5 * (empirical - exact).abs().sum().item()
+    assert tv < 2.5 * expected_tv, (tv, expected_tv)
+    # power: always accepting the cyclic drafts would give (2, 3, 0) with probability 1
+    accept_all = torch.zeros(64)
+    accept_all[2 * 16 + 3 * 4 + 0] = 1.0
+    assert 0.5 * (accept_all - exact).abs().sum().item() > 2.5 * expected_tv
+
+
+def test_drafter_backs_off_while_its_rounds_verify_nothing():
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=4)
+    calls = []
+    original = drafter.draft
+    drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)
+    prohibitive = lambda b: 1.0 if b <= 1 else 1e-3  # noqa: E731
+    ids = torch.tensor([PROMPTS[1]])
+    ref = greedy_continuation(target, ids, 40)
+    for backoff, most in [(False, None), (True, 12)]:
+        calls.clear()
+        drafter.set_assist(sps=prohibitive)
+        drafter.assist_options.drafter_backoff = backoff
+        out = target.generate(ids, assistant_model=drafter, max_new_tokens=40, do_sample=False)
+        assert torch.equal(out[:, ids.shape[1]:], ref)
+        steps = drafter.last_speculation_stats.plain_steps
+        if most is None:
+            assert len(calls) == steps  # every step ran the drafter
+        else:  # 1 + 1 skipped, 1 + 3, 1 + 7, then 1 + 8 each: 38 steps need 6 drafter rounds
+            assert len(calls) <= most < steps
+    drafter.set_assist()
+
+
+# ------------------------------------------------------------------------------------------------ options
+def test_assist_options_choose_lengths_and_refuse_bad_values():
+    with pytest.raises(ValueError, match="needs a lookup"):
+        AssistOptions(use_drafter=False)
+    with pytest.raises(ValueError, match="lookup_max_tokens"):
+        AssistOptions(lookup=object(), lookup_max_tokens=0)
+    with pytest.raises(ValueError, match="min_survival"):
+        AssistOptions(min_survival=1.5)
+    jagged = AssistOptions(sps=lambda b: 1.0 if b <= 1 else 1 / 1.6)
+    # one draft at 0.5 does not pay (1.5 < 1.6) but four do (1 + 0.5 + 0.45 + 0.4 + 0.35 = 2.7 > 1.6)
+    survival = [0.5, 0.45, 0.4, 0.35]
+    assert jagged.lookup_length(survival) == 4  # whole-curve search
+    assert jagged.drafter_length(torch.tensor([0.5, 0.9, 0.89, 0.875]), exhaustive=False) == 0  # the break
+    assert jagged.drafter_length(torch.tensor([0.5, 0.9, 0.89, 0.875]), exhaustive=True) == 4
+    assert AssistOptions(min_survival=0.42).lookup_length(survival) == 2
+    assert jagged.lookup_length([]) == 0

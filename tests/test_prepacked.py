@@ -1,0 +1,70 @@
+"""Prepacked CPU linears (`prepack_linears`): same outputs as `nn.Linear` up to float rounding, parameters shared
+(tied embeddings and a bound drafter still see them), greedy and speculative decoding unchanged, training and
+unsupported dtypes fall back or are refused."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from conftest import greedy_continuation, make_drafter, make_target
+from dspark_hf.models.prepacked import PrepackedLinear, prepack_linears, prepacked_available, unpack_linears
+
+pytestmark = pytest.mark.skipif(not prepacked_available(), reason="this PyTorch build has no oneDNN packed linear")
+
+
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 2, 7])
+def test_matches_linear_up_to_rounding(bias, rows):
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48, bias=bias)
+    packed = PrepackedLinear(linear)
+    x = torch.randn(2, rows, 64)
+    with torch.no_grad():
+        expected, got = linear(x), packed(x)
+    assert got.shape == expected.shape
+    torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    assert packed.weight is linear.weight and packed.bias is linear.bias
+
+
+def test_weight_updates_are_seen():
+    linear = nn.Linear(16, 8)
+    packed = PrepackedLinear(linear)
+    x = torch.randn(3, 16)
+    with torch.no_grad():
+        packed(x)
+        linear.weight.mul_(2.0)  # in place: the packed copy must be rebuilt
+        torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), atol=1e-5, rtol=1e-5)
+
+
+def test_training_takes_the_plain_path_and_gets_gradients():
+    linear = nn.Linear(16, 8)
+    packed = PrepackedLinear(linear)
+    packed(torch.randn(4, 16)).sum().backward()
+    assert linear.weight.grad is not None and linear.weight.grad.abs().sum() > 0
+
+
+def test_model_keeps_its_parameters_and_greedy_output():
+    target = make_target("llama", vocab_size=96, seed=0)
+    ids = torch.tensor([[5, 17, 33, 2, 8]])
+    ref = greedy_continuation(target, ids, 20)
+    keys = set(target.state_dict())
+    params = {id(p) for p in target.parameters()}
+    n = prepack_linears(target)
+    assert n == sum(1 for m in target.modules() if isinstance(m, PrepackedLinear)) > 0
+    assert set(target.state_dict()) == keys and {id(p) for p in target.parameters()} == params
+    assert target.get_output_embeddings().weight is not None
+    assert torch.equal(greedy_continuation(target, ids, 20), ref)
+    drafter = make_drafter(target, block_size=4)  # binds the packed target's head and embeddings
+    out = target.generate(ids, assistant_model=drafter, max_new_tokens=20, do_sample=False)
+    assert torch.equal(out[:, ids.shape[1]:], ref)
+    assert unpack_linears(target) == n
+    assert not any(isinstance(m, PrepackedLinear) for m in target.modules())
+    assert torch.equal(greedy_continuation(target, ids, 20), ref)
+
+
+def test_unsupported_dtype_is_refused_before_anything_changes():
+    model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8).half())
+    with pytest.raises(ValueError, match="float32 or bfloat16"):
+        prepack_linears(model)
+    assert all(type(m) is nn.Linear for m in model)  # nothing swapped
