@@ -61,7 +61,11 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--draft-head-dtype", default="int8")
     p.add_argument("--out", default="results/lookup_smollm2")
+    p.add_argument("--replot", action="store_true", help="only re-render results.md / speedup.png from results.json")
     args = p.parse_args()
+    if args.replot:
+        print(write_report(json.loads((Path(args.out) / "results.json").read_text()), Path(args.out)))
+        return
     args.data = args.data or DEFAULT_DATA.get(args.target)
     args.lookup = args.lookup or f"outputs/lookup/{Path(args.target).name}.safetensors"
     torch.set_num_threads(args.threads)
@@ -152,36 +156,70 @@ def main() -> None:
     for h in hooks:
         h.remove()
 
-    all_methods = ["target-only"] + methods
-    geo = {m: statistics.geometric_mean([r["speedup"] for r in rows if r["method"] == m]) for m in all_methods}
-    macro_tau = {m: statistics.mean([r["tau"] for r in rows if r["method"] == m]) for m in all_methods}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prov = provenance(threads=args.threads, prepacked_linears=swapped, lookup=str(lookup_path),
                       lookup_ngrams=len(lookup), lookup_meta=lookup.meta)
-    atomic_write_json(out / "results.json", {"provenance": prov, "settings": vars(args), "cost_curve_s": curve,
-                                             "rows": rows, "geomean_speedup": geo, "macro_tau": macro_tau})
+    data = {"provenance": prov, "settings": vars(args), "cost_curve_s": curve, "rows": rows}
+    atomic_write_json(out / "results.json", data)
+    print(write_report(data, out))
+
+
+def write_report(data: dict, out: Path) -> str:
+    """`results.md` and `speedup.png` under `out` from the run's JSON (`--replot` re-renders them alone)."""
+    rows, settings, prov, curve = data["rows"], data["settings"], data["provenance"], data["cost_curve_s"]
+    sets = list(dict.fromkeys(r["set"] for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    geo = {m: statistics.geometric_mean([r["speedup"] for r in rows if r["method"] == m]) for m in methods}
+    macro_tau = {m: statistics.mean([r["tau"] for r in rows if r["method"] == m]) for m in methods}
+    meta = prov.get("lookup_meta", {})
+    base = curve[min(curve, key=lambda b: int(b))]
     lines = ["# Batch 1, greedy: target-only vs prompt lookup vs DSpark vs n-gram lookup drafts (issue 14)", "",
-             f"`python scripts/bench_lookup.py --out {args.out} --sets {' '.join(args.sets)} --prompts {args.prompts}"
-             f" --max-new-tokens {n} --threads {args.threads}`", "",
              f"Device: {prov['device']}; torch {prov['torch']}; transformers {prov['transformers']}; commit "
-             f"`{prov['git_commit']}`. Lookup table: {len(lookup):,} n-grams from {lookup.meta.get('sequences')} "
-             f"examples ({lookup.meta.get('answer_tokens')} answer tokens). Packed: {swapped} linears.", "",
-             "Batch-1 cost curve of the packed target (seconds per forward of B new tokens, relative to B = 1): "
-             + ", ".join(f"B={b}: {s / curve[1]:.2f}x" for b, s in curve.items()) + ".", "",
-             "| method | " + " | ".join(args.sets) + " | geo-mean speedup | macro tau |",
-             "|---" * (len(args.sets) + 3) + "|"]
-    for m in all_methods:
+             f"`{prov['git_commit']}`. Target {settings['target']}, {settings['prompts']} prompts per set, "
+             f"{settings['max_new_tokens']} new tokens. Lookup table `{prov.get('lookup')}`: "
+             f"{prov.get('lookup_ngrams', 0):,} n-grams from {meta.get('sequences')} examples "
+             f"({meta.get('answer_tokens')} answer tokens). Packed: {prov.get('prepacked_linears')} linears.", "",
+             "Batch-1 cost curve of the packed target, profiled in the run (seconds per forward of B new tokens, "
+             "relative to B = 1): " + ", ".join(f"B={b}: {s / base:.2f}x" for b, s in curve.items()) + ".", "",
+             "| method | " + " | ".join(sets) + " | geo-mean speedup | macro tau |",
+             "|---" * (len(sets) + 3) + "|"]
+    for m in methods:
         cells = []
-        for name in args.sets:
+        for name in sets:
             r = next(r for r in rows if r["method"] == m and r["set"] == name)
-            same = "" if r["identical"].split("/")[0] == r["identical"].split("/")[1] else f" ({r['identical']} same)"
-            cells.append(f"{r['speedup']:.2f}x, tau {r['tau']:.2f}{same}")
+            same, total = r["identical"].split("/")
+            cells.append(f"{r['speedup']:.2f}x, tau {r['tau']:.2f}" + ("" if same == total else f" ({same}/{total} same)"))
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {geo[m]:.2f}x | {macro_tau[m]:.2f} |")
-    lines += ["", "Speedup: tokens/s over target-only (unpacked) on the same prompts in this run; tau: new tokens per "
-              "target forward. Every output equals target-only's token for token unless a cell says otherwise."]
-    atomic_write_text(out / "results.md", "\n".join(lines) + "\n")
-    print("\n".join(lines))
+    lines += ["", "Speedup: tokens/s over target-only (the unpacked target) on the same prompts in this run, each "
+              "method right after it; tau: new tokens per target forward (prefill included). Every output equals "
+              "target-only's token for token unless a cell says otherwise.", "", "![speedup](speedup.png)"]
+    text = "\n".join(lines) + "\n"
+    atomic_write_text(out / "results.md", text)
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return text
+    shown = [m for m in methods if m != "target-only"]
+    width = 0.8 / max(1, len(shown))
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    for i, m in enumerate(shown):
+        vals = [next(r["speedup"] for r in rows if r["method"] == m and r["set"] == name) for name in sets]
+        ax.bar([j + i * width for j in range(len(sets))], vals, width, label=m)
+    ax.axhline(1.0, color="k", lw=0.8)
+    ax.set_xticks([j + width * (len(shown) - 1) / 2 for j in range(len(sets))], sets)
+    same = all(r["identical"].split("/")[0] == r["identical"].split("/")[1] for r in rows)
+    ax.set(ylabel="batch-1 speedup vs target-only",
+           title=f"{settings['target']}, greedy, " + ("identical outputs" if same else "NOT all outputs identical"))
+    ax.grid(alpha=0.3, axis="y")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(out / "speedup.png", dpi=110)
+    plt.close(fig)
+    return text
 
 
 if __name__ == "__main__":

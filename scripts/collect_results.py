@@ -151,6 +151,19 @@ SECTIONS = [
      "compare --target "
      "qwen2.5-coder-0.5b-instruct --drafter dspark=/work/runs/qwen2.5-coder-0.5b-dspark-cpu/final --limit 4 "
      "--speed-prompts 2 --max-new-tokens 64 --draft-head-dtype int8 --out results/compare_qwen2.5-coder-0.5b"),
+    ("lookup_smollm2/results.md",
+     "SmolLM2-135M-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only, prompt lookup and "
+     "the release drafter (issue 14)",
+     "dspark-hf lookup --data data/smollm2-135m-12k,data/smollm2-135m --min-total 2 --out "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/lookup.safetensors && python scripts/bench_lookup.py "
+     "--out results/lookup_smollm2 --lookup src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/"
+     "lookup.safetensors --prompts 3 --max-new-tokens 64"),
+    ("lookup_qwen2.5-coder-0.5b/results.md",
+     "Qwen2.5-Coder-0.5B-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only and prompt "
+     "lookup (issue 14 part 5)",
+     "dspark-hf fetch-target qwen2.5-coder-0.5b-instruct && python scripts/bench_lookup.py --target "
+     "qwen2.5-coder-0.5b-instruct --methods target-only/packed prompt-lookup prompt-lookup/packed lookup --prompts 2 "
+     "--max-new-tokens 64 --out results/lookup_qwen2.5-coder-0.5b"),
     ("tree/batch1_priced_scheduled.md", "Trees with growth priced vs the chain at batch 1, scheduled policy (issue 13)",
      "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
      "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1 --policy scheduled --label priced_scheduled"),

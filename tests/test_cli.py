@@ -71,7 +71,26 @@ def test_demo_default_runs_smollm2_with_the_release_drafter(capsys):
     rows = demo_main(["--max-new-tokens", "32"])
     assert len(rows) == 3 and all(r.identical for r in rows)
     assert sum(r.tau for r in rows) / len(rows) > 1.2  # a trained drafter: drafts are accepted
-    assert "release DSpark drafter" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "release DSpark drafter" in out and "n-gram lookup drafts" in out and "prepacked" in out
+
+
+def test_bench_with_lookup_drafts_and_prepacked_linears_stays_lossless(tmp_path):
+    import json
+
+    import numpy as np
+
+    from dspark_hf.models.lookup import NgramLookup
+
+    rng = np.random.default_rng(0)
+    seqs = [(s, [1] * len(s)) for s in rng.integers(0, 512, size=(20, 40)).tolist()]  # the toy-tiny vocabulary
+    NgramLookup.build(seqs, max_order=3, heldout_share=0.0).save(tmp_path / "lookup.safetensors")
+    cli_main(["bench", "--target", "toy-tiny", "--drafter", "untrained", "--concurrency", "2", "--policies", "fixed",
+              "scheduled", "--max-new-tokens", "6", "--repeats", "1", "--block-size", "3", "--lookup",
+              str(tmp_path / "lookup.safetensors"), "--prepack", "--out", str(tmp_path / "out")])
+    data = json.loads((tmp_path / "out" / "bench.json").read_text())
+    assert "lookup=" in data["label"] and "prepacked" in data["label"]
+    assert all(r["identical_to_target"] is (None if r["policy"] == "none" else True) for r in data["rows"])
 
 
 def test_bench_baseline_emits_eos_like_the_speculative_runs():

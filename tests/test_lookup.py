@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import exact_joint, greedy_continuation, make_drafter, make_target
+import dspark_hf
+from conftest import (bias_markov_head, exact_joint, fixed_confidence_drafter, generated_rows, greedy_continuation,
+                      greedy_reference, left_pad, make_drafter, make_target, sps_curve)
 from dspark_hf.models.candidate_generator import AssistOptions, LookupAssistant
 from dspark_hf.models.lookup import NgramLookup, _suffix_hash, _window_hashes
 
@@ -270,6 +272,68 @@ def test_drafter_backs_off_while_its_rounds_verify_nothing():
         else:  # 1 + 1 skipped, 1 + 3, 1 + 7, then 1 + 8 each: 38 steps need 6 drafter rounds
             assert len(calls) <= most < steps
     drafter.set_assist()
+
+
+# ------------------------------------------------------------------------------------------------ batched loop
+@pytest.mark.parametrize("policy", ["fixed", "threshold", "scheduled", "async"])
+def test_batched_greedy_with_lookup_equals_each_rows_greedy_and_needs_fewer_rounds(policy):
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = fixed_confidence_drafter(target, -2.0, block_size=4)  # an untrained drafter that knows it is weak
+    lookup = _lookup_from_target(target, PROMPTS[:2], n=24, noise_seed=3)
+    ids, mask = left_pad(PROMPTS)
+    kw = dict(max_new_tokens=24, policy=policy, sps=sps_curve, threshold=0.2, return_dict_in_generate=True)
+    plain = dspark_hf.generate(target, drafter, ids, mask, **kw)
+    out = dspark_hf.generate(target, drafter, ids, mask, lookup=lookup, **kw)
+    for row, prompt in enumerate(PROMPTS):
+        assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 24), (policy, row)
+    for row in (0, 1):  # the memorised rows: lookup drafts accepted, fewer rounds than the untrained drafter alone
+        assert out.stats[row].rounds < plain.stats[row].rounds, (policy, row)
+    with pytest.raises(ValueError, match="chains only"):
+        dspark_hf.generate(target, drafter, ids, mask, lookup=lookup, tree_budget=2, max_new_tokens=4)
+    foreign = NgramLookup.build(_all([[5, 500, 7]] * 2), max_order=2, heldout_share=0.0)  # ids past the vocabulary
+    with pytest.raises(ValueError, match="another model"):
+        dspark_hf.generate(target, drafter, ids, mask, lookup=foreign, max_new_tokens=4)
+    with pytest.raises(ValueError, match="another model"):
+        target.generate(ids[:1], assistant_model=LookupAssistant(foreign, target), max_new_tokens=4)
+
+
+@pytest.mark.parametrize("policy", ["fixed", "scheduled"])
+def test_batched_sampling_with_lookup_matches_the_target_distribution(policy, monkeypatch):
+    """3000 identical rows, 3 tokens over V^3 outcomes: within 2.5x the TV of exact sampling while the lookup's
+    cyclic drafts (which the target does not favour) replace the drafter's in most rows."""
+    import dspark_hf.decoding.batched as batched
+
+    target = make_target("llama", vocab_size=4, seed=3, sharpen=6.0)
+    drafter = bias_markov_head(fixed_confidence_drafter(target, -2.0, block_size=3, markov_rank=4, seed=4))
+    cycle = [0, 1, 2, 3] * 8
+    lookup = NgramLookup.build([(cycle, [1] * len(cycle))], max_order=2, heldout_share=0.0)
+    shares = []
+    original = batched.merge_lookup_drafts
+
+    def recording(block, proposals, do_sample):
+        merged, used = original(block, proposals, do_sample)
+        shares.append(float(used.float().mean()))
+        return merged, used
+
+    monkeypatch.setattr(batched, "merge_lookup_drafts", recording)
+    prompt, rows, n_tokens = [1, 2, 3, 1], 3000, 3
+    ids = torch.tensor([prompt] * rows)
+    out = dspark_hf.generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=n_tokens, do_sample=True,
+                             temperature=0.9, policy=policy, sps=lambda b: 1.0 / (1.0 + 0.00005 * b), lookup=lookup,
+                             generator=torch.Generator().manual_seed(7), return_dict_in_generate=True)
+    assert shares and min(shares) > 0.9
+    new = out.sequences[:, len(prompt):]
+    empirical = torch.bincount((new * torch.tensor([16, 4, 1])).sum(1), minlength=64).float() / rows
+    exact = exact_joint(target, prompt, n_tokens, 0.9, None, None)
+    expected_tv = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (math.pi * rows)).sum().item()
+    assert 0.5 * (empirical - exact).abs().sum().item() < 2.5 * expected_tv
+    assert sum(s.verified for s in out.stats) >= rows  # lookup drafts were verified, and many rejected
+    assert sum(s.verified - s.accepted for s in out.stats) > 0.1 * rows
+    # power: a verifier that accepted the lookup's drafts would make x2 = x1 + 1 (mod 4) always
+    pairs = exact.reshape(4, 4, 4).sum(-1)  # P(x1, x2)
+    accept_all = torch.zeros(4, 4)
+    accept_all[torch.arange(4), (torch.arange(4) + 1) % 4] = pairs.sum(1)
+    assert 0.5 * (accept_all - pairs).abs().sum().item() > 2.5 * expected_tv
 
 
 # ------------------------------------------------------------------------------------------------ options

@@ -61,3 +61,17 @@ def test_quantize_rows_round_trip_and_corrupt_release_errors(tmp_path):
     (out / "model.safetensors").write_bytes(data[: len(data) // 2])
     with pytest.raises(OSError, match="could not read the release drafter"):
         load_release(out)
+
+
+def test_the_shipped_lookup_table_loads_and_drafts():
+    """The n-gram lookup table shipped for SmolLM2 (the demo's default) loads and continues a common answer opening;
+    a target without one gets None."""
+    from dspark_hf.models.lookup import NgramLookup
+    from dspark_hf.testbed.release import LOOKUPS, load_release_lookup
+
+    assert set(LOOKUPS) <= set(RELEASES)
+    lookup = load_release_lookup("smollm2-135m-instruct")
+    assert isinstance(lookup, NgramLookup) and len(lookup) > 100_000
+    report = lookup.calibration_report()
+    assert report["corpus"]["trials"] > 1000 and abs(report["corpus"]["rate"] - report["corpus"]["predicted"]) < 0.05
+    assert load_release_lookup("no-such-target") is None

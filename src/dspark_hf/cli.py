@@ -244,6 +244,11 @@ def _compare(argv: list[str]) -> None:
                              "int8 / float16: fbgemm kernels on a CPU; default: the target's own head)")
     parser.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32")
     parser.add_argument("--device", help="e.g. cuda (default: the CPU)")
+    parser.add_argument("--lookup", metavar="FILE|release",
+                        help="also time n-gram lookup drafts (`dspark-hf lookup`; `release`: the target's shipped "
+                             "table): alone and before each drafter's drafts")
+    parser.add_argument("--prepack", action="store_true",
+                        help="run every method (target-only included) on the target with prepacked CPU linears")
     parser.add_argument("--out", default="outputs/compare")
     args = parser.parse_args(argv)
     drafters = labeled_folders(parser, "--drafter", args.drafter)
@@ -262,7 +267,7 @@ def _compare(argv: list[str]) -> None:
                          speed_prompts=args.speed_prompts, hf_dflash=args.hf_dflash, stock=stock,
                          stock_prompts=args.stock_prompts, prompt_lookup=args.prompt_lookup,
                          max_matching_ngram_size=args.max_matching_ngram_size, assistant=args.assistant,
-                         dtype=args.dtype, device=args.device)
+                         dtype=args.dtype, device=args.device, lookup=args.lookup, prepack=args.prepack)
     print((out / "compare.md").read_text())
 
 

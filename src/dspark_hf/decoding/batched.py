@@ -67,6 +67,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
 from transformers.utils import ModelOutput, logging
 
+from ..models.lookup import merge_lookup_drafts
 from ..models.modeling_dspark import DSparkDrafter
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthClock, IdleBackoff, LengthPolicy,
                           RoundClock, RoundRecord, RowOutputs, RowStats, target_layer_ids)
@@ -377,6 +378,7 @@ def generate(
     speculate: bool = True,
     tree_budget: int | None = None,
     tree_max_children: int = 4,
+    lookup: Any = None,
     **config_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """Speculative decoding of a left-padded batch with a DSpark drafter. Lossless: greedy output equals each row's
@@ -431,6 +433,10 @@ def generate(
             docstring). With "scheduled" / "async" and `count_round_overhead` it is an upper bound: nodes are grown
             only while they pay for their measured drafting cost and their verification width.
         tree_max_children: children per tree node at most, the chain's own child included.
+        lookup: an `NgramLookup`: every drafting round, each row's drafts are replaced by the lookup's n-gram
+            continuation of its sequence where that is expected to accept more (`lookup.merge_lookup_drafts`: a rule
+            that never reads a sampled draft, point-mass draft distributions, calibrated estimates as confidences),
+            then the policy picks lengths as usual. Chains only (not with `tree_budget`).
         **config_kwargs: `GenerationConfig` settings by name (e.g. `max_length=`, `use_cache=`), as
             `target.generate` accepts them; anything else raises `TypeError`.
     """
@@ -448,6 +454,10 @@ def generate(
     sampling = settings.sampling()
     block_size = drafter.config.block_size if speculate else 0
     spec = None
+    if lookup is not None and tree_budget is not None:
+        raise ValueError("lookup drafts run with chains only: pass tree_budget=None or lookup=None")
+    if lookup is not None:
+        lookup.check_vocab(int(target.get_output_embeddings().weight.shape[0]))
     if tree_budget is not None and speculate:
         spec = TreeSpec(budget=tree_budget, max_children=tree_max_children)
         attention = check_tree_attention(target, probe=True)
@@ -492,6 +502,10 @@ def generate(
             block = drafter.draft(rows.context, rows.anchors.to(drafter.device),
                                   anchor_positions=rows.next_pos.to(drafter.device), sampling=sampling,
                                   generator=generator)
+            if lookup is not None:
+                width = block.tokens.shape[1]
+                proposals = [lookup.propose(outputs.sequence(r), width) for r in rows.ids.tolist()]
+                block, _ = merge_lookup_drafts(block, proposals, sampling.do_sample)
             draft_seconds = time.perf_counter() - draft_start
             lengths = choose.lengths(block, rows.ids)
             if backoff.enabled:
@@ -652,6 +666,7 @@ def speculative_generate(
     speculate: bool = True,
     tree_budget: int | None = None,
     tree_max_children: int = 4,
+    lookup: Any = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """The same loop behind `target.generate(**inputs, custom_generate=dspark_hf.speculative_generate,
@@ -686,7 +701,8 @@ def speculative_generate(
         model, drafter, input_ids, attention_mask, generation_config=config, policy=policy, sps=sps,
         threshold=threshold, stopping_criteria=StoppingCriteriaList(custom) if custom else None,
         streamer=None if streamer is None else _PromptAlreadyStreamed(streamer), generator=generator,
-        speculate=speculate, tree_budget=tree_budget, tree_max_children=tree_max_children, **model_kwargs,
+        speculate=speculate, tree_budget=tree_budget, tree_max_children=tree_max_children, lookup=lookup,
+        **model_kwargs,
     )
 
 

@@ -224,6 +224,11 @@ class RowOutputs:
             self._stats = stats
         return self._stats
 
+    def sequence(self, row: int) -> list[int]:
+        """Row `row`'s prompt (padding dropped) followed by its tokens so far."""
+        prompt = self.input_ids[row][self.attention_mask[row].bool()].tolist()
+        return prompt + self.buffer[row, : int(self._counts[row])].tolist()
+
     @property
     def tokens(self) -> list[list[int]]:
         """The generated tokens of every row, as lists."""

@@ -102,6 +102,19 @@ class Comparison:
         return [m for m in self.methods if m not in BASELINE_METHODS]
 
 
+def _assisted_runner(target, max_new_tokens: int, drafter, **assist: Any):
+    """Greedy `generate(assistant_model=drafter)` with `drafter.set_assist(**assist)` for the call only."""
+    run = greedy_runner(target, max_new_tokens, assistant_model=drafter)
+
+    def with_assist(x: torch.Tensor) -> torch.Tensor:
+        drafter.set_assist(**assist)
+        try:
+            return run(x)
+        finally:
+            drafter.set_assist()
+    return with_assist
+
+
 def _prompt_items(name: str, limit: int, prompt_sets: Mapping[str, Sequence] | None) -> list:
     from .prompt_sets import load_prompt_set
 
@@ -117,7 +130,8 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
             max_matching_ngram_size: int | None = None, assistant: str | None = None,
             dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
             prompt_sets: Mapping[str, Sequence] | None = None, warmup: bool = True,
-            preloaded: Mapping[str, tuple[Any, Any]] | None = None, progress: bool = True) -> Comparison:
+            preloaded: Mapping[str, tuple[Any, Any]] | None = None, progress: bool = True,
+            lookup: str | None = None, prepack: bool = False) -> Comparison:
     """Runs every method on every prompt set (see the module docstring).
 
     Args:
@@ -138,6 +152,10 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
         warmup: run every batch-1 method once, untimed, before the first set's timings.
         preloaded: name -> `(model, tokenizer)` already loaded (on their device), used instead of loading that name
             (`target_name`, `assistant` or a `stock` name).
+        lookup: an `NgramLookup` file, or "release" for the target's shipped table: adds the methods `lookup`
+            (`LookupAssistant`, no drafter) and `<label>+lookup` per drafter (`set_assist(lookup, sps=...)`), both
+            with round lengths from the target's batch-1 cost curve, profiled here (tau counted at batch 1).
+        prepack: `prepack_linears(target)` (CPU): every method, target-only included, runs on the prepacked target.
     """
     from ..models.modeling_dspark import DSparkDrafter
     from ..testbed.targets import load_target
@@ -148,7 +166,8 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
         raise ValueError(f"hf_dflash={hf_dflash!r} must name one of the drafters {sorted(drafters)}")
     if prompt_lookup is not None and prompt_lookup < 0:
         raise ValueError(f"prompt_lookup must be >= 0 (0 = skip it), got {prompt_lookup}")
-    clash = sorted(set(drafters) & set(BASELINE_METHODS))
+    reserved = set(BASELINE_METHODS) | ({"lookup"} | {f"{d}+lookup" for d in drafters} if lookup else set())
+    clash = sorted(set(drafters) & reserved)
     if clash:
         raise ValueError(f"drafter labels {clash} are method names of the comparison; choose other labels")
 
@@ -159,6 +178,19 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
         return (model.to(device) if device is not None else model), tok
 
     target, tokenizer = load(target_name)
+    if prepack:
+        from ..models.prepacked import prepack_linears
+
+        prepack_linears(target)
+    table = None
+    if lookup:
+        from ..models.lookup import NgramLookup
+        from ..testbed.release import load_release_lookup
+
+        table = load_release_lookup(target_name) if lookup == "release" else NgramLookup.load(lookup)
+        if table is None:
+            raise ValueError(f"lookup='release': no lookup table ships for {target_name!r}; pass a file "
+                             "(`dspark-hf lookup --data ... --out FILE`)")
     loaded = {label: DSparkDrafter.from_pretrained(path, target=target, dtype=target.dtype).to(target.device).eval()
               for label, path in drafters.items()}
     for drafter in loaded.values():
@@ -166,7 +198,8 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
     timed = speed_prompts > 0
     baselines = (["target-only"] + (["prompt-lookup"] if prompt_lookup else [])
                  + (["assisted"] if assistant else [])) if timed else []
-    methods = (baselines + list(drafters) + (["hf-dflash"] if hf_dflash else [])
+    with_lookup = ["lookup"] + [f"{label}+lookup" for label in drafters] if table is not None and timed else []
+    methods = (baselines + list(drafters) + with_lookup + (["hf-dflash"] if hf_dflash else [])
                + (["stock-assisted"] if stock else []))
     result = Comparison(datasets=list(datasets), methods=methods, device=str(target.device))
     assistant_model = load(assistant)[0] if assistant and timed else None
@@ -189,6 +222,16 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
         runners["assisted"] = greedy_runner(target, max_new_tokens, assistant_model=assistant_model)
     for label, drafter in loaded.items():
         runners[label] = greedy_runner(target, max_new_tokens, assistant_model=drafter)
+    if with_lookup:
+        from ..decoding.sps import profile_sps
+        from ..models.candidate_generator import LookupAssistant
+
+        sps = profile_sps(target, max_tokens=16, tokens_per_row=16, context_lengths=(256,), repeats=3,
+                          progress=False)
+        runners["lookup"] = greedy_runner(target, max_new_tokens, assistant_model=LookupAssistant(table, target,
+                                                                                                  sps=sps))
+        for label, drafter in loaded.items():
+            runners[f"{label}+lookup"] = _assisted_runner(target, max_new_tokens, drafter, lookup=table, sps=sps)
     if adapter is not None:
         runners["hf-dflash"] = greedy_runner(target, max_new_tokens, assistant_model=adapter,
                                              speculation_type="dflash")
@@ -244,6 +287,8 @@ _NOTES = {
     "assisted": "transformers' assisted generation with a draft model (`assistant_model=`)",
     "hf-dflash": "our DFlash weights through transformers' built-in `speculation_type=\"dflash\"` path",
     "stock-assisted": "transformers' assisted generation on another target / draft-model pair, against that target",
+    "lookup": "n-gram lookup drafts from the target's own answers and the sequence (`LookupAssistant`), no drafter; "
+              "round lengths from the measured cost curve",
 }
 
 

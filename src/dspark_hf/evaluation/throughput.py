@@ -147,7 +147,7 @@ def _prompts(target, tokenizer, concurrency: int, seed: int, prompt_set: str | N
     return ids.to(target.device), mask.to(target.device)
 
 
-def _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, threshold, do_sample, seed):
+def _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, threshold, do_sample, seed, lookup=None):
     """One timed run; returns (seconds, output or None for no speculation)."""
     start = time.perf_counter()
     if policy == "none":
@@ -161,15 +161,16 @@ def _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, thresho
     else:
         out = generate(target, drafter, ids, mask, max_new_tokens=max_new_tokens, policy=policy, sps=sps,
                        threshold=threshold, do_sample=do_sample, eos_token_id=[], return_dict_in_generate=True,
-                       generator=torch.Generator().manual_seed(seed))
+                       generator=torch.Generator().manual_seed(seed), lookup=lookup)
     return time.perf_counter() - start, out
 
 
 def run_bench(target, drafter, concurrencies: list[int], policies: list[str], max_new_tokens: int, sps: Any,
               threshold: float, tokenizer=None, prompt_set: str | None = None, simulated: bool = False,
-              seed: int = 0, do_sample: bool = False, repeats: int = 3) -> list[BenchRow]:
+              seed: int = 0, do_sample: bool = False, repeats: int = 3, lookup: Any = None) -> list[BenchRow]:
     """Every policy `repeats` times per concurrency, interleaved (policy order rotates each repeat), so that load
-    changes on a shared machine hit all policies alike; the median time is reported."""
+    changes on a shared machine hit all policies alike; the median time is reported. `lookup` (an `NgramLookup`)
+    adds n-gram lookup drafts to every speculative policy (`dspark_hf.generate(..., lookup=)`)."""
     results = []
     policies = ["none"] + [p for p in policies if p != "none"]
     for c in concurrencies:
@@ -188,7 +189,7 @@ def run_bench(target, drafter, concurrencies: list[int], policies: list[str], ma
                 if simulated:
                     drafter.configure(conts, rates, seed)  # same simulated draws for every policy and repeat
                 seconds, out = _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, threshold,
-                                           do_sample, seed)
+                                           do_sample, seed, lookup)
                 times[policy].append(seconds)
                 outs[policy] = out
         for policy in policies:
@@ -259,10 +260,11 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
           policies: Sequence[str] = POLICY_NAMES, max_new_tokens: int = 48, block_size: int = 7,
           threshold: float = 0.3, sps: str | Path | None = None, prompt_set: str = "mt_bench", do_sample: bool = False,
           seed: int = 0, repeats: int = 3, out: str | Path = "outputs/bench",
-          settings: dict[str, Any] | None = None) -> list[BenchRow]:
+          settings: dict[str, Any] | None = None, lookup: str | None = None, prepack: bool = False) -> list[BenchRow]:
     """`dspark-hf bench`: builds the target (`TOY_SIZES` name, registry name or folder) and the drafter
     (`"simulated"`, `"untrained"` or a folder), loads the SPS table `sps` (default `<out>/sps.json`; profiled and
-    saved there when absent), runs `run_bench` and writes `bench.json` (with provenance and `settings`, default these
+    saved there when absent), runs `run_bench` (with the `NgramLookup` file `lookup`, or the target's shipped table
+    for "release"; `prepack`: the target's linears prepacked for every run, no speculation included) and writes `bench.json` (with provenance and `settings`, default these
     arguments), `bench.md`, `throughput.png` and `verify_length.png` to `out`. Returns the rows."""
     simulated = drafter == "simulated"
     if simulated and do_sample:
@@ -282,6 +284,18 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
         from ..testbed.targets import load_target
 
         target_model, tokenizer = load_target(target)
+    if prepack:
+        from ..models.prepacked import prepack_linears
+
+        prepack_linears(target_model)
+    table_lookup = None
+    if lookup:
+        from ..models.lookup import NgramLookup
+        from ..testbed.release import load_release_lookup
+
+        table_lookup = load_release_lookup(target) if lookup == "release" else NgramLookup.load(lookup)
+        if table_lookup is None:
+            raise ValueError(f"--lookup release: no lookup table ships for {target!r}")
     if drafter in ("simulated", "untrained"):
         cls = SimulatedDrafter if simulated else DSparkDrafter
         drafter_model = cls.from_target(target_model, block_size=block_size, num_hidden_layers=1,
@@ -297,9 +311,10 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
         table.save(sps_path)
     label = f"target={target}, drafter={drafter}, block={drafter_model.config.block_size}, " \
             f"max_new_tokens={max_new_tokens}, {'sampling' if do_sample else 'greedy'}, " \
-            f"median of {repeats} interleaved runs"
+            f"median of {repeats} interleaved runs" + (f", lookup={lookup}" if lookup else "") \
+            + (", prepacked linears" if prepack else "")
     rows = run_bench(target_model, drafter_model, list(concurrency), list(policies), max_new_tokens, table, threshold,
-                     tokenizer, prompt_set, simulated, seed, do_sample, repeats)
+                     tokenizer, prompt_set, simulated, seed, do_sample, repeats, table_lookup)
     prov = provenance(target_model.device, args=settings)
     atomic_write_json(out / "bench.json", {"provenance": prov, "label": label, "rows": [asdict(r) for r in rows]})
     atomic_write_text(out / "bench.md", to_markdown(rows, prov, label))
@@ -323,6 +338,11 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     parser.add_argument("--do-sample", action="store_true")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--repeats", type=int, default=3, help="interleaved runs per policy; the median is reported")
+    parser.add_argument("--lookup", metavar="FILE|release",
+                        help="n-gram lookup drafts for every speculative policy (`dspark-hf lookup`; `release`: the "
+                             "target's shipped table)")
+    parser.add_argument("--prepack", action="store_true",
+                        help="prepacked CPU linears for the target (every run, no speculation included)")
     parser.add_argument("--out", default="outputs/bench")
     args = parser.parse_args(argv)
     if args.drafter == "simulated" and args.do_sample:

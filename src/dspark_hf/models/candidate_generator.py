@@ -268,6 +268,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self._idle_rounds = 0  # consecutive drafter rounds whose schedule verified nothing
         self._skip_drafter = 0  # drafter rounds still to skip (AssistOptions.drafter_backoff)
         self._vocab_size = int(target.get_output_embeddings().weight.shape[0])  # the target's logits width
+        if self.assist.lookup is not None:
+            self.assist.lookup.check_vocab(self._vocab_size)
         # The latest call's statistics stay readable on the drafter (transformers creates this object per call).
         drafter.last_speculation_stats = self.stats
 
@@ -437,6 +439,7 @@ class LookupCandidateGenerator(DSparkCandidateGenerator):
                               or (self._stop is not None and self._stop.per_token is not None))
         self.assist = assistant.options
         self._vocab_size = int(target.get_output_embeddings().weight.shape[0])
+        self.assist.lookup.check_vocab(self._vocab_size)
         self.stats = SpeculationStats()
         self._proposed = 0
         assistant.last_speculation_stats = self.stats

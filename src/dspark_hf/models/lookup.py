@@ -39,7 +39,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["LookupProposal", "NgramLookup"]
+__all__ = ["LookupProposal", "NgramLookup", "merge_lookup_drafts"]
 
 _P = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier of the polynomial window hash (arithmetic wraps mod 2^64)
 _PURITY_BUCKETS = 5
@@ -235,7 +235,15 @@ class NgramLookup:
     def from_data(cls, data_dir: str | os.PathLike | Sequence[str | os.PathLike], max_order: int = 8,
                   heldout_share: float = 0.05, min_total: int = 1) -> "NgramLookup":
         """From `dspark-hf data` folders (comma-separated or a list; newer first, as for training)."""
-        from ..training.data import data_folders, read_examples  # (not needed by remote-code copies)
+        import importlib
+
+        # (by name, not an import statement: the remote-code copies of this file only draft and must not pull the
+        # training modules in)
+        try:
+            data = importlib.import_module("..training.data", __package__)
+        except (ImportError, TypeError) as error:
+            raise ImportError("NgramLookup.from_data needs the dspark_hf package (pip install dspark-hf)") from error
+        data_folders, read_examples = data.data_folders, data.read_examples
 
         examples = read_examples(data_dir)
         return cls.build(((e.input_ids, e.loss_mask) for e in examples), max_order=max_order,
@@ -347,6 +355,17 @@ class NgramLookup:
     def __len__(self) -> int:
         return sum(len(t) for t in self.tables)
 
+    @property
+    def max_token_id(self) -> int:
+        """The largest token id the corpus table can propose (-1 when empty)."""
+        return max((int(t.best.max()) for t in self.tables if len(t)), default=-1)
+
+    def check_vocab(self, vocab_size: int) -> None:
+        """`ValueError` when this table proposes ids outside a target's vocabulary (a table of another model)."""
+        if self.max_token_id >= vocab_size:
+            raise ValueError(f"this n-gram lookup proposes token id {self.max_token_id}, outside the target's "
+                             f"vocabulary of {vocab_size}: it was built from another model's data")
+
     # ------------------------------------------------------------------ storage
     def save(self, path: str | os.PathLike) -> None:
         """Writes one safetensors file (atomically: a temporary name in the same folder, then a rename)."""
@@ -397,3 +416,57 @@ class NgramLookup:
                                      f.get_tensor(f"total.{n}")))
             calibration = f.get_tensor("calibration")
         return cls(tables, max_order, calibration, json.loads(metadata.get("meta", "{}")))
+
+
+def merge_lookup_drafts(block, proposals: Sequence[LookupProposal], do_sample: bool):
+    """A drafting round's `DraftBlock` `[R, K]` with each row's drafts replaced by its lookup proposal where that is
+    expected to do better (the batched loop's lookup drafts). Returns `(block, used)`, `used` `[R]` bool.
+
+    Which rows switch: greedy, the source with the larger expected number of accepted drafts (sum of prefix survival;
+    any rule is lossless there, greedy output does not depend on the drafts). Sampling, a rule that never reads a
+    sampled draft token: the lookup's first-draft estimate against the drafter's first confidence c_1, which reads
+    the anchor only; a drafter without confidences counts as 0. A switched row carries the lookup tokens (then its
+    last one repeated up to K) with point-mass draft distributions and the calibrated estimates as confidences (0
+    past the proposal, so no schedule verifies them), so verification and scheduling treat it like any block row.
+    """
+    import torch
+
+    from .drafting import DraftBlock
+
+    tokens = block.tokens
+    rows, width = tokens.shape
+    if len(proposals) != rows:
+        raise ValueError(f"{len(proposals)} lookup proposals for a block of {rows} rows")
+    conf = block.confidences
+    drafter_value = (torch.zeros(rows) if conf is None else
+                     (conf[:, :1].float() if do_sample else torch.cumprod(conf.float(), 1)).sum(1).cpu())
+    used = torch.zeros(rows, dtype=torch.bool)
+    new_tokens = tokens.clone()
+    new_conf = (torch.zeros(rows, width) if conf is None else conf.float().clone()).to(tokens.device)
+    for r, p in enumerate(proposals):
+        n = min(len(p.tokens), width)
+        if n == 0:
+            continue
+        value = p.acceptance[0] if do_sample else sum(p.survival[:n])
+        if value <= float(drafter_value[r]):
+            continue
+        used[r] = True
+        row = p.tokens[:n] + [p.tokens[n - 1]] * (width - n)
+        new_tokens[r] = torch.tensor(row, dtype=tokens.dtype, device=tokens.device)
+        new_conf[r] = torch.tensor(p.acceptance[:n] + [0.0] * (width - n), device=tokens.device)
+    if not bool(used.any()):
+        return block, used
+    logits = None
+    sparse = block.sparse_logits
+    if do_sample:  # exact distributions: point masses on the switched rows
+        logits = block.logits.clone()
+        idx = used.nonzero().flatten().to(logits.device)
+        logits[idx] = float("-inf")
+        logits[idx] = logits[idx].scatter(2, new_tokens[idx][..., None].to(logits.device), 0.0)
+        sparse = None
+    elif sparse is None:
+        logits = block.logits  # greedy verification compares tokens only (the logits are never read)
+    conf_logits = torch.logit(new_conf.clamp(1e-6, 1 - 1e-6))
+    merged = DraftBlock(new_tokens, logits=logits, confidences=new_conf if conf is not None or bool(used.any())
+                        else None, confidence_logits=conf_logits, sparse_logits=sparse)
+    return merged, used
