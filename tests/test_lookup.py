@@ -59,6 +59,16 @@ def test_context_candidate_prefers_the_longest_suffix_and_then_frequency_then_re
     assert lookup._context_candidate([1, 2, 3]) is None
 
 
+def test_a_long_copy_from_the_context_is_followed_past_the_longest_order():
+    lookup = NgramLookup.build(_all([[0, 0]]), max_order=3, heldout_share=0.0)
+    code = [11, 12, 13, 14, 15, 16, 17, 18, 19]
+    token, order, best, total = lookup._context_candidate([5] + code + [6, 7] + code[:8])
+    assert token == 19 and (best, total) == (1, 1)
+    assert order == 6  # 8 tokens match, followed back to the cap of 2 * max_order
+    token, order, _, _ = lookup._context_candidate([5] + code + [6, 7] + code[3:8])
+    assert token == 19 and order == 5  # the 5 copied tokens
+
+
 def test_propose_continues_a_memorised_sequence_with_decreasing_survival():
     seq = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5, 8, 9, 7, 9]
     lookup = NgramLookup.build(_all([seq] * 5), max_order=6, heldout_share=0.0)
@@ -118,7 +128,7 @@ def test_save_load_round_trip_is_atomic_and_checked(tmp_path):
         tensors.update({f"keys.{n}": t.keys.view(np.int64)[::-1].copy(), f"best.{n}": t.best,
                         f"count.{n}": t.count, f"total.{n}": t.total})
     save_file(tensors, str(tmp_path / "bad.safetensors"),
-              metadata={"format": "dspark-ngram-lookup-v1", "max_order": "4", "meta": "{}"})
+              metadata={"format": "dspark-ngram-lookup-v2", "max_order": "4", "meta": "{}"})
     with pytest.raises(ValueError, match="corrupt"):
         NgramLookup.load(tmp_path / "bad.safetensors")
 

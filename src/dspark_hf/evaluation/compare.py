@@ -226,7 +226,7 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
         from ..decoding.sps import profile_sps
         from ..models.candidate_generator import LookupAssistant
 
-        sps = profile_sps(target, max_tokens=16, tokens_per_row=16, context_lengths=(256,), repeats=3,
+        sps = profile_sps(target, max_tokens=17, tokens_per_row=17, context_lengths=(256,), repeats=3,
                           progress=False)
         runners["lookup"] = greedy_runner(target, max_new_tokens, assistant_model=LookupAssistant(table, target,
                                                                                                   sps=sps))

@@ -147,7 +147,7 @@ class AssistOptions:
     """
 
     lookup: Any = None
-    lookup_max_tokens: int = 10
+    lookup_max_tokens: int = 16
     use_drafter: bool = True
     sps: Any = None
     min_survival: float = 0.3
@@ -470,7 +470,7 @@ class LookupAssistant:
         last_speculation_stats: `SpeculationStats` of the latest call.
     """
 
-    def __init__(self, lookup: Any, target: torch.nn.Module, *, sps: Any = None, max_tokens: int = 10,
+    def __init__(self, lookup: Any, target: torch.nn.Module, *, sps: Any = None, max_tokens: int = 16,
                  min_survival: float = 0.3) -> None:
         self.config = target.config
         self.options = AssistOptions(lookup=lookup, lookup_max_tokens=max_tokens, use_drafter=False, sps=sps,

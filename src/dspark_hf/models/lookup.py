@@ -45,7 +45,7 @@ _P = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier of the polynomial window ha
 _PURITY_BUCKETS = 5
 _COUNT_BUCKETS = 4  # totals 1, 2, 3, >= 4 (index 0 unused)
 _SOURCES = ("corpus", "context")
-_FORMAT = "dspark-ngram-lookup-v1"
+_FORMAT = "dspark-ngram-lookup-v2"
 
 
 def _window_hashes(ids: np.ndarray, max_order: int) -> list[np.ndarray]:
@@ -68,6 +68,12 @@ def _suffix_hash(ids: Sequence[int], n: int) -> np.uint64:
         for t in ids[len(ids) - n:]:
             h = h * _P + np.uint64(int(t) + 1)
     return h
+
+
+def _length_buckets(max_order: int) -> int:
+    """Match-length buckets of the calibration table: corpus orders reach `max_order`, context matches are followed
+    back up to `2 * max_order` tokens (a long copy from the prompt is far more reliable than an 8-token match)."""
+    return 2 * max_order + 1
 
 
 def _purity_bucket(best: int, total: int) -> int:
@@ -180,7 +186,7 @@ class NgramLookup:
                  meta: dict | None = None) -> None:
         if max_order < 1 or len(tables) != max_order + 1:
             raise ValueError(f"need one table per order 1..{max_order}, got {len(tables) - 1}")
-        expected = (len(_SOURCES), max_order + 1, _PURITY_BUCKETS, _COUNT_BUCKETS, 2)
+        expected = (len(_SOURCES), _length_buckets(max_order), _PURITY_BUCKETS, _COUNT_BUCKETS, 2)
         if calibration.shape != expected:
             raise ValueError(f"calibration must have shape {expected}, got {tuple(calibration.shape)}")
         self.tables, self.max_order = tables, int(max_order)
@@ -219,7 +225,7 @@ class NgramLookup:
             raise ValueError("ids must name every sequence")
         held = [int(hashlib.md5(n.encode()).hexdigest(), 16) % 10_000 < heldout_share * 10_000 for n in names]
         windows = [_answer_windows(a, m, max_order) for a, m in seqs]
-        calibration = np.zeros((len(_SOURCES), max_order + 1, _PURITY_BUCKETS, _COUNT_BUCKETS, 2))
+        calibration = np.zeros((len(_SOURCES), _length_buckets(max_order), _PURITY_BUCKETS, _COUNT_BUCKETS, 2))
         if any(held) and not all(held):
             partial = cls(cls._tables(windows, [not h for h in held], max_order, min_total), max_order, calibration)
             budget = max_calibration_tokens
@@ -315,8 +321,24 @@ class NgramLookup:
             top = counts.max()
             tied = set(values[counts == top].tolist())
             token = next(int(t) for t in nxt[::-1] if int(t) in tied)  # the most recent of the most frequent
+            if n == self.max_order:  # follow the longest occurrence that predicts `token` further back
+                n = self._match_length(arr, ends[nxt == token], n)
             return token, n, int(top), int(ends.size)
         return None
+
+    def _match_length(self, arr: np.ndarray, starts: np.ndarray, n: int) -> int:
+        """How far back (up to 2 * max_order tokens) the windows starting at `starts` keep matching the suffix."""
+        cap = 2 * self.max_order
+        length = len(arr)
+        best = n
+        for k in starts[::-1][:8].tolist():  # (the most recent few: enough to tell a copy from a coincidence)
+            m = n
+            while m < cap and k - (m - n) - 1 >= 0 and arr[k - (m - n) - 1] == arr[length - m - 1]:
+                m += 1
+            best = max(best, m)
+            if best == cap:
+                break
+        return best
 
     def estimate(self, source: int, order: int, best: int, total: int) -> float:
         return float(self._rates[source, order, _purity_bucket(best, total), _count_bucket(total)])

@@ -695,7 +695,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return nn.functional.linear(hidden.to(weight.dtype), weight, bias)
 
     def set_assist(self, lookup: Any = None, *, sps: Any = None, use_drafter: bool = True,
-                   lookup_max_tokens: int = 10, min_survival: float = 0.3) -> None:
+                   lookup_max_tokens: int = 16, min_survival: float = 0.3) -> None:
         """How `target.generate(..., assistant_model=self)` (batch size 1) picks each round's drafts; a runtime option
         (never saved). `set_assist()` restores the default (the whole block every round).
 
