@@ -151,6 +151,9 @@ SECTIONS = [
      "compare --target "
      "qwen2.5-coder-0.5b-instruct --drafter dspark=/work/runs/qwen2.5-coder-0.5b-dspark-cpu/final --limit 4 "
      "--speed-prompts 2 --max-new-tokens 64 --draft-head-dtype int8 --out results/compare_qwen2.5-coder-0.5b"),
+    ("tree/batch1_prepacked.md", "Trees vs the chain at batch 1 on a prepacked target, policy fixed (issue 13)",
+     "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
+     "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1 --prepack --label prepacked"),
     ("lookup_smollm2/results.md",
      "SmolLM2-135M-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only, prompt lookup and "
      "the release drafter (issue 14)",
