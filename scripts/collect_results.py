@@ -154,6 +154,12 @@ SECTIONS = [
     ("tree/batch1_prepacked.md", "Trees vs the chain at batch 1 on a prepacked target, policy fixed (issue 13)",
      "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
      "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1 --prepack --label prepacked"),
+    ("bench_smollm2_lookup/bench.md",
+     "Throughput vs concurrency, SmolLM2-135M-Instruct, release drafter + n-gram lookup drafts, prepacked target "
+     "(mt_bench prompts; issue 14)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled --concurrency 1 4 16 "
+     "--max-new-tokens 48 --repeats 2 --lookup release --prepack --out results/bench_smollm2_lookup"),
     ("lookup_smollm2/results.md",
      "SmolLM2-135M-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only, prompt lookup and "
      "the release drafter (issue 14)",

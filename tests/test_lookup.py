@@ -78,6 +78,10 @@ def test_propose_continues_a_memorised_sequence_with_decreasing_survival():
     survival = proposal.survival
     assert all(b <= a for a, b in zip(survival, survival[1:]))
     assert lookup.propose(seq[:6], 0).tokens == []
+    # stops once the survival is below the cut: the drafts up to the first that crosses it
+    cut = lookup.propose(seq[:6], 8, min_survival=survival[2])
+    assert cut.tokens == proposal.tokens[: len(cut.tokens)] and len(cut.tokens) <= 4
+    assert all(a >= survival[2] for a in cut.survival[:-1])
 
 
 def test_calibration_measures_held_out_acceptance_and_estimates_follow_it():

@@ -75,3 +75,10 @@ def test_the_shipped_lookup_table_loads_and_drafts():
     report = lookup.calibration_report()
     assert report["corpus"]["trials"] > 1000 and abs(report["corpus"]["rate"] - report["corpus"]["predicted"]) < 0.05
     assert load_release_lookup("no-such-target") is None
+    from dspark_hf.testbed.release import LOOKUPS, RELEASE_DIR, resolve_lookup
+
+    assert len(resolve_lookup("release", "smollm2-135m-instruct")) == len(lookup)
+    path = RELEASE_DIR / LOOKUPS["smollm2-135m-instruct"] / "lookup.safetensors"
+    assert len(resolve_lookup(str(path), "anything")) == len(lookup)
+    with pytest.raises(ValueError, match="no lookup table ships"):
+        resolve_lookup("release", "no-such-target")

@@ -184,13 +184,9 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
         prepack_linears(target)
     table = None
     if lookup:
-        from ..models.lookup import NgramLookup
-        from ..testbed.release import load_release_lookup
+        from ..testbed.release import resolve_lookup
 
-        table = load_release_lookup(target_name) if lookup == "release" else NgramLookup.load(lookup)
-        if table is None:
-            raise ValueError(f"lookup='release': no lookup table ships for {target_name!r}; pass a file "
-                             "(`dspark-hf lookup --data ... --out FILE`)")
+        table = resolve_lookup(lookup, target_name)
     loaded = {label: DSparkDrafter.from_pretrained(path, target=target, dtype=target.dtype).to(target.device).eval()
               for label, path in drafters.items()}
     for drafter in loaded.values():

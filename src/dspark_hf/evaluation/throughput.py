@@ -290,12 +290,9 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
         prepack_linears(target_model)
     table_lookup = None
     if lookup:
-        from ..models.lookup import NgramLookup
-        from ..testbed.release import load_release_lookup
+        from ..testbed.release import resolve_lookup
 
-        table_lookup = load_release_lookup(target) if lookup == "release" else NgramLookup.load(lookup)
-        if table_lookup is None:
-            raise ValueError(f"--lookup release: no lookup table ships for {target!r}")
+        table_lookup = resolve_lookup(lookup, target)
     if drafter in ("simulated", "untrained"):
         cls = SimulatedDrafter if simulated else DSparkDrafter
         drafter_model = cls.from_target(target_model, block_size=block_size, num_hidden_layers=1,

@@ -121,6 +121,10 @@ class SpeculationStats:
         return sum(a + 1 for a in self.accepted) / max(1, len(self.accepted))
 
 
+# lookup drafts are not extended past this prefix survival: worth < 0.01 tokens, they never pay for their width
+_NEGLIGIBLE_SURVIVAL = 0.01
+
+
 def _point_mass_logits(tokens: torch.LongTensor, vocab_size: int) -> torch.Tensor:
     """`[1, K, V]` logits of the one-hot distributions a lookup draft is drawn from (0 at the token, -inf elsewhere):
     rejection sampling then accepts x with probability p_target(x) and resamples from p_target without x, exactly."""
@@ -338,7 +342,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         """This round's lookup drafts, or None where none pays. Lookup drafts are a deterministic function of the
         sequence, so whether they are used (and how many) never depends on a sampled draft token (models/lookup.py)."""
         assist = self.assist
-        proposal = assist.lookup.propose(input_ids[0].tolist(), min(assist.lookup_max_tokens, budget))
+        proposal = assist.lookup.propose(input_ids[0].tolist(), min(assist.lookup_max_tokens, budget),
+                                         min_survival=_NEGLIGIBLE_SURVIVAL)
         keep = assist.lookup_length(proposal.survival)
         if keep <= 0:
             return None

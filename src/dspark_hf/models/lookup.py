@@ -343,14 +343,18 @@ class NgramLookup:
     def estimate(self, source: int, order: int, best: int, total: int) -> float:
         return float(self._rates[source, order, _purity_bucket(best, total), _count_bucket(total)])
 
-    def propose(self, prefix_ids: Sequence[int], max_tokens: int) -> LookupProposal:
+    def propose(self, prefix_ids: Sequence[int], max_tokens: int, min_survival: float = 0.0) -> LookupProposal:
         """Up to `max_tokens` drafts continuing `prefix_ids`, each the better-estimated of the corpus and the context
-        candidate; stops where neither source matches."""
+        candidate; stops where neither source matches, or once the prefix survival falls below `min_survival` (a draft
+        that unlikely to be reached never pays for its verification; the search per draft is the cost saved)."""
         seq = [int(t) for t in prefix_ids]
         tokens: list[int] = []
         acceptance: list[float] = []
         sources: list[str] = []
+        survival = 1.0
         for _ in range(max(0, int(max_tokens))):
+            if survival < min_survival:
+                break
             best: tuple[float, int, str] | None = None
             for s, cand in enumerate((self._corpus_candidate(seq), self._context_candidate(seq))):
                 if cand is not None:
@@ -361,6 +365,7 @@ class NgramLookup:
                 break
             tokens.append(best[1]); acceptance.append(best[0]); sources.append(best[2])  # noqa: E702
             seq.append(best[1])
+            survival *= best[0]
         return LookupProposal(tokens, acceptance, sources)
 
     def calibration_report(self) -> dict:

@@ -38,6 +38,7 @@ __all__ = [
     "quantize_rows",
     "release_card_options",
     "release_path",
+    "resolve_lookup",
 ]
 
 RELEASE_DIR = Path(__file__).resolve().parent / "releases"
@@ -62,6 +63,20 @@ def load_release_lookup(target_name: str):
     if not path.is_file():
         raise FileNotFoundError(f"the lookup table for {target_name!r} is missing from {path} (a broken install?)")
     return NgramLookup.load(path)
+
+
+def resolve_lookup(value: str | Path, target_name: str):
+    """An `NgramLookup` from a command-line value: a lookup file, or "release" for `target_name`'s shipped table
+    (`ValueError` when none ships)."""
+    from ..models.lookup import NgramLookup
+
+    if str(value) != "release":
+        return NgramLookup.load(value)
+    table = load_release_lookup(target_name)
+    if table is None:
+        raise ValueError(f"lookup 'release': no lookup table ships for {target_name!r}; pass a file "
+                         "(`dspark-hf lookup --data ... --out FILE`)")
+    return table
 
 
 def release_path(target_name: str) -> Path:
