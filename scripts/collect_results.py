@@ -160,6 +160,12 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled --concurrency 1 4 16 "
      "--max-new-tokens 48 --repeats 2 --lookup release --prepack --out results/bench_smollm2_lookup"),
+    ("bench_smollm2_prepacked/bench.md",
+     "Throughput vs concurrency, SmolLM2-135M-Instruct, release drafter, prepacked target, no lookup (the control of "
+     "the section above; mt_bench prompts)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled --concurrency 1 4 16 "
+     "--max-new-tokens 48 --repeats 2 --prepack --out results/bench_smollm2_prepacked"),
     ("lookup_smollm2/results.md",
      "SmolLM2-135M-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only, prompt lookup and "
      "the release drafter (issue 14)",
