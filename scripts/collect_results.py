@@ -160,6 +160,13 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled --concurrency 1 4 16 "
      "--max-new-tokens 48 --repeats 2 --lookup release --prepack --out results/bench_smollm2_lookup"),
+    ("bench_smollm2_lookup_gsm/bench.md",
+     "Throughput vs concurrency, SmolLM2-135M-Instruct, release drafter + n-gram lookup drafts, prepacked target "
+     "(gsm_symbolic prompts, where lookup drafts help most; issue 14)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled --concurrency 1 4 16 "
+     "--max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
+     "--out results/bench_smollm2_lookup_gsm"),
     ("bench_smollm2_prepacked/bench.md",
      "Throughput vs concurrency, SmolLM2-135M-Instruct, release drafter, prepacked target, no lookup (the control of "
      "the section above; mt_bench prompts)",
