@@ -143,7 +143,9 @@ def main() -> None:
             for m in methods:
                 out, seconds, forwards = timed(runners[m], x)
                 s = stats[m]
-                s["seconds"] += seconds; s["tokens"] += out.shape[1] - x.shape[1]; s["forwards"] += forwards  # noqa: E702
+                s["seconds"] += seconds
+                s["tokens"] += out.shape[1] - x.shape[1]
+                s["forwards"] += forwards
                 s["identical"] += int(torch.equal(out, base))
         base_rate = stats["target-only"]["tokens"] / stats["target-only"]["seconds"]
         for m, s in stats.items():
@@ -189,7 +191,8 @@ def write_report(data: dict, out: Path) -> str:
         for name in sets:
             r = next(r for r in rows if r["method"] == m and r["set"] == name)
             same, total = r["identical"].split("/")
-            cells.append(f"{r['speedup']:.2f}x, tau {r['tau']:.2f}" + ("" if same == total else f" ({same}/{total} same)"))
+            note = "" if same == total else f" ({same}/{total} same)"
+            cells.append(f"{r['speedup']:.2f}x, tau {r['tau']:.2f}{note}")
         lines.append(f"| {m} | " + " | ".join(cells) + f" | {geo[m]:.2f}x | {macro_tau[m]:.2f} |")
     lines += ["", "Speedup: tokens/s over target-only (the unpacked target) on the same prompts in this run, each "
               "method right after it; tau: new tokens per target forward (prefill included). Every output equals "

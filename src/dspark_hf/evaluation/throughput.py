@@ -260,12 +260,15 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
           policies: Sequence[str] = POLICY_NAMES, max_new_tokens: int = 48, block_size: int = 7,
           threshold: float = 0.3, sps: str | Path | None = None, prompt_set: str = "mt_bench", do_sample: bool = False,
           seed: int = 0, repeats: int = 3, out: str | Path = "outputs/bench",
-          settings: dict[str, Any] | None = None, lookup: str | None = None, prepack: bool = False) -> list[BenchRow]:
+          settings: dict[str, Any] | None = None, lookup: str | None = None, prepack: bool = False,
+          draft_head_dtype: str | None = None) -> list[BenchRow]:
     """`dspark-hf bench`: builds the target (`TOY_SIZES` name, registry name or folder) and the drafter
     (`"simulated"`, `"untrained"` or a folder), loads the SPS table `sps` (default `<out>/sps.json`; profiled and
     saved there when absent), runs `run_bench` (with the `NgramLookup` file `lookup`, or the target's shipped table
-    for "release"; `prepack`: the target's linears prepacked for every run, no speculation included) and writes `bench.json` (with provenance and `settings`, default these
-    arguments), `bench.md`, `throughput.png` and `verify_length.png` to `out`. Returns the rows."""
+    for "release"; `prepack`: the target's linears prepacked for every run, no speculation included;
+    `draft_head_dtype`: `DSparkDrafter.set_draft_head_dtype`) and writes `bench.json` (with provenance and
+    `settings`, default these arguments), `bench.md`, `throughput.png` and `verify_length.png` to `out`. Returns the
+    rows."""
     simulated = drafter == "simulated"
     if simulated and do_sample:
         raise ValueError("the simulated drafter supports greedy decoding only")
@@ -299,6 +302,7 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
                                         draft_candidates=64).eval()
     else:
         drafter_model = DSparkDrafter.from_pretrained(drafter, target=target_model).eval()
+    drafter_model.set_draft_head_dtype(draft_head_dtype)  # None: the target's own head
     sps_path = Path(sps) if sps else out / "sps.json"
     max_b = max(concurrency) * (drafter_model.config.block_size + 1)
     if sps_path.exists():
@@ -340,6 +344,9 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
                              "target's shipped table)")
     parser.add_argument("--prepack", action="store_true",
                         help="prepacked CPU linears for the target (every run, no speculation included)")
+    parser.add_argument("--draft-head-dtype", choices=["int8", "float16", "bfloat16", "float32"],
+                        help="the drafter's LM-head weight dtype (DSparkDrafter.set_draft_head_dtype; default: the "
+                             "target's head)")
     parser.add_argument("--out", default="outputs/bench")
     args = parser.parse_args(argv)
     if args.drafter == "simulated" and args.do_sample:

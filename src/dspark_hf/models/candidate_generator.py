@@ -45,7 +45,8 @@ from transformers.generation.utils import GenerationMixin
 
 from .modeling_dspark import DSparkDrafter
 
-__all__ = ["AssistOptions", "DSparkCandidateGenerator", "LookupAssistant", "LookupCandidateGenerator", "SpeculationStats", "install_generate_hook", "is_dspark_drafter"]
+__all__ = ["AssistOptions", "DSparkCandidateGenerator", "LookupAssistant", "LookupCandidateGenerator",
+           "SpeculationStats", "install_generate_hook", "is_dspark_drafter"]
 
 # Stopping criteria of the running `_assisted_decoding` call, handed to our candidate generator (see install_generate_hook).
 _STOPPING_CRITERIA: contextvars.ContextVar[Any] = contextvars.ContextVar("dspark_stopping_criteria", default=None)
@@ -495,8 +496,8 @@ def install_generate_hook() -> None:
                                  assistant_model=None, target_tokenizer=None, assistant_tokenizer=None):
         if isinstance(assistant_model, LookupAssistant):
             if input_ids.shape[0] != 1:
-                raise ValueError(f"assistant_model=LookupAssistant runs transformers' assisted decoding, which supports "
-                                 f"batch size 1 only (got {input_ids.shape[0]})")
+                raise ValueError(f"assistant_model=LookupAssistant runs transformers' assisted decoding, which "
+                                 f"supports batch size 1 only (got {input_ids.shape[0]})")
             return LookupCandidateGenerator(assistant_model, self, generation_config, logits_processor,
                                             _STOPPING_CRITERIA.get())
         if is_dspark_drafter(assistant_model):

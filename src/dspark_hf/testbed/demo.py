@@ -219,9 +219,9 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
         spec = setup.speculative_target or target_model
         sps = profile_sps(spec, max_tokens=17, tokens_per_row=17, context_lengths=(256,), repeats=3, progress=False)
         drafter_model.set_assist(table, sps=sps)
+        ratio = float(sps.steps_per_second(1) / sps.steps_per_second(8))
         notes.append(f"n-gram lookup drafts ({len(table):,} n-grams) before the drafter's, round lengths from the "
-                     f"cost curve measured now (B=8 costs {float(sps.steps_per_second(1) / sps.steps_per_second(8)):.2f}x "
-                     "B=1)")
+                     f"cost curve measured now (B=8 costs {ratio:.2f}x B=1)")
     if notes:
         setup.description += "\nspeculative decoding with " + "; ".join(notes) + " (target-only: the plain target)"
     return setup
