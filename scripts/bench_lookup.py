@@ -34,6 +34,7 @@ import torch
 
 import dspark_hf
 from dspark_hf.evaluation.prompt_sets import load_prompt_set
+from dspark_hf.evaluation.side_by_side import assisted_runner, greedy_runner
 from dspark_hf.models.lookup import NgramLookup
 from dspark_hf.models.prepacked import prepack_linears
 from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenance
@@ -84,8 +85,7 @@ def main() -> None:
             p.error(f"--data is needed to build {lookup_path} for {args.target}")
         NgramLookup.from_data(args.data).save(lookup_path)
     lookup = NgramLookup.load(lookup_path)
-    sps = dspark_hf.profile_sps(packed, max_tokens=17, tokens_per_row=17, context_lengths=(256,), repeats=5,
-                                progress=False)
+    sps = dspark_hf.profile_batch1_sps(packed, repeats=5)
     widths = [1, 2, 3, 4, 6, 8, 12, 17]
     curve = {b: float(1.0 / sps.steps_per_second(b)) for b in widths}
     print("batch-1 cost curve, packed target (ms per forward of B new tokens): "
@@ -94,16 +94,10 @@ def main() -> None:
     n = args.max_new_tokens
 
     def gen(model, **kw):
-        return lambda x: model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=n, do_sample=False, **kw)
+        return greedy_runner(model, n, **kw)
 
     def assisted(**options):
-        def run(x):
-            drafter.set_assist(**options)
-            try:
-                return gen(packed, assistant_model=drafter)(x)
-            finally:
-                drafter.set_assist()
-        return run
+        return assisted_runner(packed, n, drafter, **options)
 
     runners = {
         "target-only/packed": gen(packed),

@@ -20,7 +20,7 @@ from .models.drafting import DraftBlock, DSparkContextCache
 from .decoding.batched import DSparkGenerateOutput, RowStats, SPSCache, generate, speculative_generate
 from .training.calibration import expected_calibration_error, fit_sts
 from .decoding.scheduler import async_lengths, prefix_survival, schedule_prefix, threshold_lengths
-from .decoding.sps import SPSTable, profile_sps
+from .decoding.sps import SPSTable, profile_batch1_sps, profile_sps
 from .decoding.tree import DraftTree, TreeSpec, draft_tree
 from .decoding.tree_attention import check_tree_attention
 from .decoding.tree_verification import TreeVerificationResult, tree_verify
@@ -67,6 +67,7 @@ __all__ = [
     "NotCachedError",
     "hf_dflash_generate",
     "prefix_survival",
+    "profile_batch1_sps",
     "profile_sps",
     "schedule_prefix",
     "speculative_generate",

@@ -504,7 +504,8 @@ def generate(
                                   generator=generator)
             if lookup is not None:
                 width = block.tokens.shape[1]
-                proposals = [lookup.propose(outputs.sequence(r), width, min_survival=0.01) for r in rows.ids.tolist()]
+                proposals = [lookup.propose(outputs.sequence(r), width, min_survival=lookup.negligible_survival)
+                             for r in rows.ids.tolist()]
                 block, _ = merge_lookup_drafts(block, proposals, sampling.do_sample)
             draft_seconds = time.perf_counter() - draft_start
             lengths = choose.lengths(block, rows.ids)

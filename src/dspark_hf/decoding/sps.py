@@ -24,7 +24,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..provenance import atomic_write_json, device_description, provenance
 
-__all__ = ["SPSTable", "profile_sps", "target_fingerprint"]
+__all__ = ["SPSTable", "profile_batch1_sps", "profile_sps", "target_fingerprint"]
 
 
 def target_fingerprint(target: PreTrainedModel) -> str:
@@ -215,3 +215,11 @@ def profile_sps(
         seconds=seconds,
         meta=provenance(device, tokens_per_row=tokens_per_row, repeats=repeats),
     )
+
+
+def profile_batch1_sps(target: PreTrainedModel, max_drafts: int = 16, repeats: int = 3, context: int = 256,
+                       progress: bool = False) -> SPSTable:
+    """The cost curve of batch-1 rounds: one row of B = 1 .. max_drafts + 1 new tokens over a `context`-token cache
+    (what `LookupAssistant(..., sps=)` and `DSparkDrafter.set_assist(sps=)` read). A few seconds on a CPU."""
+    return profile_sps(target, max_tokens=max_drafts + 1, tokens_per_row=max_drafts + 1, context_lengths=(context,),
+                       repeats=repeats, progress=progress)

@@ -41,8 +41,8 @@ import torch
 from transformers.utils import logging
 
 from ..provenance import atomic_write_json, atomic_write_text, provenance
-from .side_by_side import (count_forwards, forward_counted_tau, greedy_runner, prompt_lookup_runner, time_methods,
-                           time_side_by_side)
+from .side_by_side import (assisted_runner, count_forwards, forward_counted_tau, greedy_runner, prompt_lookup_runner,
+                           time_methods, time_side_by_side)
 
 __all__ = [
     "BASELINE_METHODS",
@@ -100,19 +100,6 @@ class Comparison:
     def drafters(self) -> list[str]:
         """Our drafters' labels, in order (every method that is not one of `BASELINE_METHODS`)."""
         return [m for m in self.methods if m not in BASELINE_METHODS]
-
-
-def _assisted_runner(target, max_new_tokens: int, drafter, **assist: Any):
-    """Greedy `generate(assistant_model=drafter)` with `drafter.set_assist(**assist)` for the call only."""
-    run = greedy_runner(target, max_new_tokens, assistant_model=drafter)
-
-    def with_assist(x: torch.Tensor) -> torch.Tensor:
-        drafter.set_assist(**assist)
-        try:
-            return run(x)
-        finally:
-            drafter.set_assist()
-    return with_assist
 
 
 def _prompt_items(name: str, limit: int, prompt_sets: Mapping[str, Sequence] | None) -> list:
@@ -219,15 +206,14 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
     for label, drafter in loaded.items():
         runners[label] = greedy_runner(target, max_new_tokens, assistant_model=drafter)
     if with_lookup:
-        from ..decoding.sps import profile_sps
+        from ..decoding.sps import profile_batch1_sps
         from ..models.candidate_generator import LookupAssistant
 
-        sps = profile_sps(target, max_tokens=17, tokens_per_row=17, context_lengths=(256,), repeats=3,
-                          progress=False)
+        sps = profile_batch1_sps(target)
         runners["lookup"] = greedy_runner(target, max_new_tokens, assistant_model=LookupAssistant(table, target,
                                                                                                   sps=sps))
         for label, drafter in loaded.items():
-            runners[f"{label}+lookup"] = _assisted_runner(target, max_new_tokens, drafter, lookup=table, sps=sps)
+            runners[f"{label}+lookup"] = assisted_runner(target, max_new_tokens, drafter, lookup=table, sps=sps)
     if adapter is not None:
         runners["hf-dflash"] = greedy_runner(target, max_new_tokens, assistant_model=adapter,
                                              speculation_type="dflash")

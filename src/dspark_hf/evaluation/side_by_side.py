@@ -34,6 +34,7 @@ import torch
 
 __all__ = [
     "SpeedRecord",
+    "assisted_runner",
     "count_forwards",
     "forward_counted_tau",
     "greedy_runner",
@@ -82,6 +83,20 @@ def greedy_runner(model, max_new_tokens: int, **generate_kwargs) -> Runner:
             return model.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
                                   do_sample=False, **generate_kwargs)
     return run
+
+
+def assisted_runner(model, max_new_tokens: int, drafter, **assist: Any) -> Runner:
+    """`greedy_runner(model, n, assistant_model=drafter)` with `drafter.set_assist(**assist)` for each call only (the
+    drafter's default restored after it): lookup drafts, SPS-chosen lengths."""
+    run = greedy_runner(model, max_new_tokens, assistant_model=drafter)
+
+    def with_assist(x: torch.Tensor) -> torch.Tensor:
+        drafter.set_assist(**assist)
+        try:
+            return run(x)
+        finally:
+            drafter.set_assist()
+    return with_assist
 
 
 def prompt_lookup_runner(model, max_new_tokens: int, num_tokens: int = 10,

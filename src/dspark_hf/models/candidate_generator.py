@@ -122,10 +122,6 @@ class SpeculationStats:
         return sum(a + 1 for a in self.accepted) / max(1, len(self.accepted))
 
 
-# lookup drafts are not extended past this prefix survival: worth < 0.01 tokens, they never pay for their width
-_NEGLIGIBLE_SURVIVAL = 0.01
-
-
 def _point_mass_logits(tokens: torch.LongTensor, vocab_size: int) -> torch.Tensor:
     """`[1, K, V]` logits of the one-hot distributions a lookup draft is drawn from (0 at the token, -inf elsewhere):
     rejection sampling then accepts x with probability p_target(x) and resamples from p_target without x, exactly."""
@@ -157,6 +153,7 @@ class AssistOptions:
     sps: Any = None
     min_survival: float = 0.3
     drafter_backoff: bool = True
+    _cost_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.lookup_max_tokens < 1:
@@ -167,12 +164,15 @@ class AssistOptions:
             raise ValueError("use_drafter=False needs a lookup (otherwise no round would ever draft)")
 
     def _costs(self, max_len: int) -> list[float]:
-        """Seconds per target step at 1 .. max_len + 1 tokens (SPS of the cost curve)."""
-        sps = self.sps
-        widths = torch.arange(1, max_len + 2)
-        rate = sps.steps_per_second(widths) if hasattr(sps, "steps_per_second") else torch.as_tensor(
-            [float(sps(int(b))) for b in widths])
-        return (1.0 / rate.double()).tolist()
+        """Seconds per target step at 1 .. max_len + 1 tokens (SPS of the cost curve; computed once per length, not
+        every round)."""
+        if max_len not in self._cost_cache:
+            sps = self.sps
+            widths = torch.arange(1, max_len + 2)
+            rate = sps.steps_per_second(widths) if hasattr(sps, "steps_per_second") else torch.as_tensor(
+                [float(sps(int(b))) for b in widths])
+            self._cost_cache[max_len] = (1.0 / rate.double()).tolist()
+        return self._cost_cache[max_len]
 
     def _best_length(self, survival: list[float], exhaustive: bool) -> int:
         costs = self._costs(len(survival))
@@ -254,9 +254,21 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.drafter = drafter
         self._layer_ids = [i + 1 for i in drafter.config.target_layer_ids]
         self.model_kwargs_overrides = {"output_hidden_states": list(self._layer_ids)}
+        self.logits_processor = logits_processor if logits_processor is not None and len(logits_processor) else None
+        self._set_up_call(target, generation_config, stopping_criteria,
+                          getattr(drafter, "assist_options", None) or AssistOptions())
+        self.cache = drafter.new_cache()
+        self.prefilled = False
+        self._idle_rounds = 0  # consecutive drafter rounds whose schedule verified nothing
+        self._skip_drafter = 0  # drafter rounds still to skip (AssistOptions.drafter_backoff)
+        # The latest call's statistics stay readable on the drafter (transformers creates this object per call).
+        drafter.last_speculation_stats = self.stats
+
+    def _set_up_call(self, target: torch.nn.Module, generation_config: Any, stopping_criteria: Any,
+                     assist: "AssistOptions") -> None:
+        """The per-call state every candidate generator of this file shares (with or without a drafter)."""
         self.max_length = int(generation_config.max_length)
         self.do_sample = bool(generation_config.do_sample)
-        self.logits_processor = logits_processor if logits_processor is not None and len(logits_processor) else None
         self.stopping_criteria = stopping_criteria if stopping_criteria is not None and len(stopping_criteria) else None
         self._stop = None if self.stopping_criteria is None else _StopRules.split(self.stopping_criteria)
         # transformers reads the draft logits to verify by sampling or to mix them in (assistant_ensemble_weight); a
@@ -265,18 +277,12 @@ class DSparkCandidateGenerator(CandidateGenerator):
         ensemble = getattr(generation_config, "assistant_ensemble_weight", None)
         self._needs_logits = (self.do_sample or ensemble is not None
                               or (self._stop is not None and self._stop.per_token is not None))
-        self.cache = drafter.new_cache()
-        self.prefilled = False
         self.stats = SpeculationStats()
         self._proposed = 0
-        self.assist: AssistOptions = getattr(drafter, "assist_options", None) or AssistOptions()
-        self._idle_rounds = 0  # consecutive drafter rounds whose schedule verified nothing
-        self._skip_drafter = 0  # drafter rounds still to skip (AssistOptions.drafter_backoff)
+        self.assist = assist
         self._vocab_size = int(target.get_output_embeddings().weight.shape[0])  # the target's logits width
-        if self.assist.lookup is not None:
-            self.assist.lookup.check_vocab(self._vocab_size)
-        # The latest call's statistics stay readable on the drafter (transformers creates this object per call).
-        drafter.last_speculation_stats = self.stats
+        if assist.lookup is not None:
+            assist.lookup.check_vocab(self._vocab_size)
 
     def get_candidates(
         self,
@@ -344,7 +350,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         sequence, so whether they are used (and how many) never depends on a sampled draft token (models/lookup.py)."""
         assist = self.assist
         proposal = assist.lookup.propose(input_ids[0].tolist(), min(assist.lookup_max_tokens, budget),
-                                         min_survival=_NEGLIGIBLE_SURVIVAL)
+                                         min_survival=assist.lookup.negligible_survival)
         keep = assist.lookup_length(proposal.survival)
         if keep <= 0:
             return None
@@ -436,18 +442,7 @@ class LookupCandidateGenerator(DSparkCandidateGenerator):
 
     def __init__(self, assistant: Any, target: torch.nn.Module, generation_config: Any, logits_processor: Any = None,
                  stopping_criteria: Any = None) -> None:  # (the drafter-free part of the parent's set-up)
-        self.max_length = int(generation_config.max_length)
-        self.do_sample = bool(generation_config.do_sample)
-        self.stopping_criteria = stopping_criteria if stopping_criteria is not None and len(stopping_criteria) else None
-        self._stop = None if self.stopping_criteria is None else _StopRules.split(self.stopping_criteria)
-        ensemble = getattr(generation_config, "assistant_ensemble_weight", None)
-        self._needs_logits = (self.do_sample or ensemble is not None
-                              or (self._stop is not None and self._stop.per_token is not None))
-        self.assist = assistant.options
-        self._vocab_size = int(target.get_output_embeddings().weight.shape[0])
-        self.assist.lookup.check_vocab(self._vocab_size)
-        self.stats = SpeculationStats()
-        self._proposed = 0
+        self._set_up_call(target, generation_config, stopping_criteria, assistant.options)
         assistant.last_speculation_stats = self.stats
 
     def get_candidates(self, input_ids: torch.LongTensor, *args: Any, is_first_iteration: bool = False,

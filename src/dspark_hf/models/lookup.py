@@ -182,6 +182,10 @@ class NgramLookup:
     `dspark-hf data` folders a drafter trains on); `propose(prefix_ids, max_tokens)` drafts one sequence.
     """
 
+    # decoding stops extending a proposal below this prefix survival: worth < 0.01 tokens, such a draft never pays
+    # for its verification width, and each draft's search is the cost saved
+    negligible_survival = 0.01
+
     def __init__(self, tables: list[_Table], max_order: int, calibration: np.ndarray,
                  meta: dict | None = None) -> None:
         if max_order < 1 or len(tables) != max_order + 1:
@@ -494,6 +498,6 @@ def merge_lookup_drafts(block, proposals: Sequence[LookupProposal], do_sample: b
     elif sparse is None:
         logits = block.logits  # greedy verification compares tokens only (the logits are never read)
     conf_logits = torch.logit(new_conf.clamp(1e-6, 1 - 1e-6))
-    merged = DraftBlock(new_tokens, logits=logits, confidences=new_conf if conf is not None or bool(used.any())
-                        else None, confidence_logits=conf_logits, sparse_logits=sparse)
+    merged = DraftBlock(new_tokens, logits=logits, confidences=new_conf, confidence_logits=conf_logits,
+                        sparse_logits=sparse)
     return merged, used

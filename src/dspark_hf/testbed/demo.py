@@ -214,10 +214,9 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
             notes.append("prepacked CPU linears")
     table = load_release_lookup(target) if lookup and not drafter else None
     if table is not None:
-        from ..decoding.sps import profile_sps
+        from ..decoding.sps import profile_batch1_sps
 
-        spec = setup.speculative_target or target_model
-        sps = profile_sps(spec, max_tokens=17, tokens_per_row=17, context_lengths=(256,), repeats=3, progress=False)
+        sps = profile_batch1_sps(setup.speculative_target or target_model)
         drafter_model.set_assist(table, sps=sps)
         ratio = float(sps.steps_per_second(1) / sps.steps_per_second(8))
         notes.append(f"n-gram lookup drafts ({len(table):,} n-grams) before the drafter's, round lengths from the "
