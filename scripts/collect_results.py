@@ -61,6 +61,11 @@ SECTIONS = [
      "--run dspark=/work/runs/smollm2-135m-dspark-long --run dflash=/work/runs/smollm2-135m-dflash-long "
      "--run dspark-decay500=/work/runs/smollm2-135m-dspark-long-decay500 --out results/training_smollm2_long "
      "(after RUNS=/work/runs bash scripts/decay_branch.sh smollm2-135m-dspark-long 400 100)"),
+    ("data_generation_prepacked/data_generation.md",
+     "Data generation throughput, PyTorch's CPU linears vs prepacked oneDNN ones (what `dspark-hf data` uses by "
+     "default; issue 14 part 2)",
+     "OMP_NUM_THREADS=1 python scripts/bench_data_generation.py --dtypes float32 --batch-sizes 64 --linears plain "
+     "prepacked --max-new-tokens 64 --out results/data_generation_prepacked"),
     ("data_generation/data_generation.md",
      "Data generation throughput (the target answering training prompts), per batch size and dtype",
      "python scripts/bench_data_generation.py --batch-sizes 16 32 64 --dtypes float32 bfloat16 --threads 1 "
@@ -167,6 +172,21 @@ SECTIONS = [
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled --concurrency 1 4 16 "
      "--max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
      "--out results/bench_smollm2_lookup_gsm"),
+    ("bench_smollm2_padded_gsm/bench.md",
+     "Throughput vs concurrency with the padded pricing, the measured cost curve and the online calibration of the "
+     "scheduled policy, against Algorithm 1's ragged pricing on the profiled curve (`scheduled-ragged`), same run "
+     "(gsm_symbolic prompts, release drafter + lookup drafts, prepacked target; issue 14)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-ragged "
+     "--concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
+     "--out results/bench_smollm2_padded_gsm"),
+    ("bench_smollm2_calibrated_gsm/bench.md",
+     "The same with the online calibration of survival estimates added to the scheduled policy (1, 4, 16 requests; "
+     "the SPS table of the run above; the test suite shared the machine during the first half)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-ragged "
+     "--concurrency 1 4 16 --max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
+     "--sps results/bench_smollm2_padded_gsm/sps.json --out results/bench_smollm2_calibrated_gsm"),
     ("bench_smollm2_prepacked/bench.md",
      "Throughput vs concurrency, SmolLM2-135M-Instruct, release drafter, prepacked target, no lookup (the control of "
      "the section above; mt_bench prompts)",

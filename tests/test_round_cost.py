@@ -247,3 +247,95 @@ def test_skipped_rounds_keep_the_drafter_context_complete():
     assert skipped > 10 and len(seen) > 2 * len(PROMPTS) and all(seen)
     width = ids.shape[1]
     assert [out.sequences[r, width:].tolist() for r in range(len(PROMPTS))] == _plain_rows(target, PROMPTS, 40)
+
+
+# ---------------------------------------------------------------------------------------------- measured cost curve
+def test_measured_cost_drops_warm_ups_uses_medians_scales_the_prior_and_stays_monotone():
+    from dspark_hf.decoding.round_state import MeasuredCost
+
+    prior = lambda b: 1.0 / (0.010 * b.double())  # noqa: E731  10 ms per token
+    cost = MeasuredCost(prior, window=3)
+    b = torch.tensor([4, 8, 16, 32])
+    assert torch.allclose(cost.seconds_per_step(b), torch.tensor([0.04, 0.08, 0.16, 0.32], dtype=torch.float64))
+    cost.observe(8, 5.0)  # the first forward of a shape (warm-up): dropped
+    assert torch.allclose(cost.seconds_per_step(b), torch.tensor([0.04, 0.08, 0.16, 0.32], dtype=torch.float64))
+    for seconds in (0.040, 0.041, 0.900, 0.039):  # one outlier among them; the window keeps the last 3
+        cost.observe(8, seconds)
+    # B = 8 measured at half the prior: its median, and the prior elsewhere scaled by the median ratio (about 0.51)
+    got = cost.seconds_per_step(b)
+    assert got[1] == pytest.approx(0.041)
+    assert got[3] == pytest.approx(0.32 * 0.50625, rel=1e-6)  # ratios 0.5, 0.5125, 11.25, 0.4875: median 0.50625
+    assert bool((got[1:] >= got[:-1]).all())  # monotone in B
+    assert torch.allclose(cost.steps_per_second(b), 1.0 / got)
+    cost.observe(4, 1.0)
+    cost.observe(4, 0.2)
+    cost.observe(4, 0.2)  # B = 4 now measured dearer than B = 8: the running maximum lifts B = 8 to it
+    got = cost.seconds_per_step(b)
+    assert got[0] == pytest.approx(0.2) and got[1] == pytest.approx(0.2)
+    cost.observe(0, 1.0)
+    cost.observe(16, float("nan"))  # ignored
+    assert 0 not in cost.samples and 16 not in cost.samples
+
+
+def test_the_scheduled_policy_reads_the_forwards_it_timed(monkeypatch, target):
+    """`measured_cost=True` feeds every timed target forward (its tokens, padding included) to the policy's cost
+    curve, and the output stays the target's greedy output."""
+    from dspark_hf.decoding import round_state
+
+    seen = []
+    original = round_state.MeasuredCost.observe
+    monkeypatch.setattr(round_state.MeasuredCost, "observe",
+                        lambda self, b, s: seen.append(b) or original(self, b, s))
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_pad(PROMPTS)
+    out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=10, policy="scheduled", eos_token_id=[],
+                             sps=lambda b: 1.0 / (1.0 + 0.01 * b), return_dict_in_generate=True)
+    width = ids.shape[1]
+    assert [out.sequences[r, width:].tolist() for r in range(len(PROMPTS))] == _plain_rows(target, PROMPTS, 10)
+    assert len(seen) == max(s.rounds for s in out.stats)  # one timed forward per round
+    assert seen[0] % len(PROMPTS) == 0  # a rectangle: rows x width (every row is active in the first round)
+    seen.clear()
+    dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=10, policy="scheduled", eos_token_id=[],
+                       sps=lambda b: 1.0 / (1.0 + 0.01 * b), measured_cost=False)
+    assert seen == []
+
+
+def test_online_calibration_scales_survivals_by_what_past_rounds_accepted():
+    from dspark_hf.decoding.round_state import OnlineCalibration
+
+    cal = OnlineCalibration(window=2, prior=2.0)
+    conf = torch.tensor([[0.8, 0.5, 0.5], [0.9, 0.9, 0.9]])
+    assert torch.equal(cal.confidences(conf), conf) and cal.kappa == 1.0  # nothing seen: the estimates as given
+    survival = torch.cumprod(conf, dim=1)
+    verified = torch.tensor([[True, True, False], [True, True, True]])
+    cal.observe(survival, verified, torch.tensor([0, 1]))  # predicted 0.8 + 0.4 + 0.9 + 0.81 + 0.729 = 3.639
+    assert cal.kappa == pytest.approx((1 + 2) / (3.639 + 2))
+    fixed = cal.confidences(conf)
+    assert torch.allclose(torch.cumprod(fixed, dim=1), survival * cal.kappa)  # every prefix survival scaled
+    assert torch.allclose(cal.survival(survival), survival * cal.kappa)
+    cal.observe(survival, torch.zeros_like(verified), torch.tensor([0, 0]))  # nothing verified: not a round
+    assert len(cal.history) == 1
+    for _ in range(3):  # under-confident estimates: kappa > 1, survivals clipped at 1
+        cal.observe(survival * 0.1, verified, torch.tensor([2, 3]))
+    assert len(cal.history) == 2 and cal.kappa > 1
+    assert float(cal.survival(torch.tensor([[0.9]]))) == 1.0
+
+
+def test_over_confident_estimates_stop_buying_verification(target):
+    """A drafter whose confidence head claims certainty on drafts the target rejects: with the online calibration the
+    scheduled policy soon verifies far fewer drafts than without it, and the output is the target's own either way."""
+    drafter = fixed_confidence_drafter(target, 8.0, block_size=4)  # sigmoid(8) = 0.9997 per position
+    ids, mask = left_pad(PROMPTS)
+    runs = {}
+    for calibrated in (False, True):
+        runs[calibrated] = dspark_hf.generate(
+            target, drafter, ids, mask, max_new_tokens=24, policy="scheduled", eos_token_id=[],
+            sps=lambda b: 1.0 / (1.0 + 0.2 * b), count_round_overhead=False, measured_cost=False,
+            idle_backoff=False, online_calibration=calibrated, return_dict_in_generate=True)
+    width = ids.shape[1]
+    for out in runs.values():
+        assert [out.sequences[r, width:].tolist() for r in range(len(PROMPTS))] == _plain_rows(target, PROMPTS, 24)
+    verified = {k: sum(s.verified for s in out.stats) for k, out in runs.items()}
+    accepted = sum(s.accepted for s in runs[False].stats)
+    assert accepted < 0.5 * verified[False]  # the untrained drafter's drafts are mostly rejected ...
+    assert verified[True] < 0.6 * verified[False]  # ... and the calibrated policy stops paying for them

@@ -7,10 +7,14 @@ import torch
 
 from dspark_hf.decoding.scheduler import (
     async_lengths,
+    async_tree,
+    async_width,
     expected_throughput,
     fixed_lengths,
     prefix_survival,
     schedule_prefix,
+    schedule_tree,
+    schedule_width,
     threshold_lengths,
     token_budget,
 )
@@ -179,3 +183,78 @@ def test_round_overhead_lengthens_verification():
     assert WithRoundOverhead(steep, 0.0).steps_per_second(torch.tensor([4])).item() == pytest.approx(25.0)
     with pytest.raises(ValueError, match="overhead_s"):
         WithRoundOverhead(steep, -1.0)
+
+
+# ---------------------------------------------------------------------------------------------- padded batches
+def test_padded_rule_prices_the_rectangle_and_refuses_what_ragged_pricing_admits():
+    # row 0 is confident, row 1 is not; SPS falls with the tokens of the forward
+    conf = torch.tensor([[0.9, 0.9, 0.9], [0.1, 0.1, 0.1]])
+
+    def sps(b):
+        return 1.0 / (1.0 + 0.2 * (b - 2))
+
+    # ragged (Algorithm 1): B = 2 + 3 for row 0's three drafts: Theta = (2 + 2.439) / 1.6 = 2.77 > 2
+    assert schedule_prefix(conf, sps).tolist() == [3, 0]
+    # padded: one draft of row 0 makes the forward 2 x 2 tokens: Theta(1) = (2 + 0.9 + 0.1) / 1.4 = 2.14 > 2,
+    # Theta(2) = (3 + 0.81 + 0.01) / 1.8 = 2.12 < 2.14: the break at width 1, for both rows
+    assert schedule_width(conf, sps).tolist() == [1, 1]
+    for width, theta in [(0, 2.0), (1, 3.0 / 1.4), (2, 3.82 / 1.8)]:
+        lengths = torch.full((2,), width)
+        assert expected_throughput(conf, lengths, sps, padded=True) == pytest.approx(theta, rel=1e-6)
+    # what ragged pricing admits costs, as the forward really runs, 2 x 4 tokens
+    assert expected_throughput(conf, torch.tensor([3, 0]), sps, padded=True) == pytest.approx(
+        (2 + 0.9 + 0.81 + 0.729) / 2.2, rel=1e-6)
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_padded_rule_equals_algorithm_1_on_one_request_and_on_a_chain_tree(seed):
+    g = torch.Generator().manual_seed(seed)
+    slope = float(torch.rand(1, generator=g)) * 0.5
+
+    def sps(b):
+        return 1.0 / (1.0 + slope * b) if isinstance(b, int) else 1.0 / (1.0 + slope * b.double())
+
+    one = torch.rand(1, 6, generator=g)
+    assert torch.equal(schedule_width(one, sps), schedule_prefix(one, sps))
+    many = torch.rand(5, 6, generator=g)
+    widths = schedule_width(many, sps)
+    chain = schedule_tree(prefix_survival(many), torch.ones(5, 6, dtype=torch.bool), sps, padded=True)
+    assert torch.equal(chain.sum(dim=1), widths)
+    assert torch.equal(chain, torch.arange(6)[None, :] < widths[:, None])
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_padded_rule_never_reads_the_drafts_past_its_width(seed):
+    """Non-anticipation (Appendix A) for the width scan: whatever the confidences of drafts past width m + 1 (they
+    read drafts the rule admitted or refused), the width is the same, and the width-(m + 1) level is read only to stop."""
+    g = torch.Generator().manual_seed(seed)
+    conf = torch.rand(4, 7, generator=g) * 0.6 + 0.4
+
+    def sps(b):
+        return 1.0 / (1.0 + 0.05 * b.double()) if isinstance(b, torch.Tensor) else 1.0 / (1.0 + 0.05 * b)
+
+    width = int(schedule_width(conf, sps)[0])
+    changed = conf.clone()
+    changed[:, width + 1:] = torch.rand(4, 7 - width - 1, generator=g) if width + 1 < 7 else changed[:, width + 1:]
+    assert int(schedule_width(changed, sps)[0]) == width
+    # the global search is the optimum over widths
+    best = max(range(8), key=lambda m: (expected_throughput(conf, torch.full((4,), m), sps, padded=True), -m))
+    assert int(schedule_width(conf, sps, early_stop=False)[0]) == best
+
+
+def test_padded_tree_admits_each_rows_best_nodes_up_to_one_width():
+    # two rows, nodes 0..2 = chain (0 -> 1 -> 2), node 3 = a sibling of node 0
+    survival = torch.tensor([[0.9, 0.8, 0.7, 0.05], [0.3, 0.1, 0.05, 0.25]])
+    valid = torch.ones(2, 4, dtype=torch.bool)
+
+    def sps(b):
+        return 1.0 / (1.0 + 0.05 * b.double()) if isinstance(b, torch.Tensor) else 1.0 / (1.0 + 0.05 * b)
+
+    # levels 1.2, 1.05, 0.8, 0.1: Theta(m) = (2 + their sum) / (1 + 0.1 (1 + m)) = 1.82, 2.67, 3.27, 3.61, 3.43
+    mask = schedule_tree(survival, valid, sps, padded=True)
+    # width 3 for both rows, each its own 3 best nodes: row 1's sibling (0.25) before its chain's second node (0.1)
+    assert mask.tolist() == [[True, True, True, False], [True, True, False, True]]
+    assert torch.equal(schedule_tree(survival, valid, sps, padded=True, early_stop=False), mask)
+    stale = async_tree(survival, valid, survival, valid, sps, padded=True)
+    assert torch.equal(stale, mask)  # the stale width from the same survivals
+    assert async_width(torch.rand(2, 4), torch.rand(2, 4), sps).unique().numel() == 1

@@ -61,6 +61,27 @@ def test_each_loss_term_equals_a_hand_computation():
 
 
 # ---------------------------------------------------------------------------------------------- data
+def test_build_training_data_with_prepacked_linears_writes_the_same_answers_and_restores_the_model(tmp_path):
+    from dspark_hf.models.prepacked import PrepackedLinear, prepacked_available
+    from dspark_hf.training.data import build_training_data
+
+    if not prepacked_available():
+        pytest.skip("this PyTorch build has no oneDNN packed linear")
+    target = make_target("llama")
+    tok = make_tokenizer()
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(f'{{"id": "p{i}", "messages": [{{"role": "user", "content": "w{10 + i} w{20 + i}"}}]}}\n'
+                               for i in range(5)))
+    recipe = GenerationRecipe(max_new_tokens=8, batch_size=4, shard_size=8)
+    runs = {}
+    for packed in (False, True):
+        build_training_data(target, prompts, tmp_path / str(packed), recipe, tokenizer=tok, prepack=packed,
+                            progress=False)
+        runs[packed] = [e.input_ids for e in read_examples(tmp_path / str(packed))]
+        assert not any(isinstance(m, PrepackedLinear) for m in target.modules())  # the caller's model, as it was
+    assert runs[True] == runs[False] and len(runs[True]) == 5
+
+
 def test_generate_responses_is_resumable_and_masks_the_answer(tmp_path):
     target = make_target("llama")
     tok = make_tokenizer()

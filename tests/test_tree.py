@@ -202,7 +202,7 @@ def test_a_chain_only_tree_reproduces_the_chain_loops_rounds_exactly(policy, do_
                                        threshold=0.3, do_sample=do_sample, temperature=0.8, tree_budget=tree_budget,
                                        generator=torch.Generator().manual_seed(11), record_rounds=True,
                                        count_round_overhead=False,  # measured wall time would steer the policy
-                                       return_dict_in_generate=True))
+                                       measured_cost=False, return_dict_in_generate=True))
     chain, tree = runs
     assert torch.equal(chain.sequences, tree.sequences)
     assert len(chain.rounds) == len(tree.rounds)

@@ -34,11 +34,27 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
         return None
 
 
+def cpu_model() -> str:
+    """The CPU's model name (Linux `/proc/cpuinfo`), or "" where it cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return ""
+
+
 def device_description(device: torch.device | str | None = None) -> str:
+    """What a measurement ran on: the GPU's name, or the CPU's model, architecture, cores and torch threads (CPU models
+    change between machines, and a cost curve measured on one does not describe another)."""
     device = torch.device(device or "cpu")
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(device)
-    return f"{platform.processor() or platform.machine()} CPU x{os.cpu_count()} (torch threads {torch.get_num_threads()})"
+    model = cpu_model()
+    return (f"{model + ' ' if model else ''}{platform.processor() or platform.machine()} CPU x{os.cpu_count()} "
+            f"(torch threads {torch.get_num_threads()})")
 
 
 def provenance(device: torch.device | str | None = None, **extra: Any) -> dict[str, Any]:

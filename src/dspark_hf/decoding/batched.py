@@ -70,7 +70,7 @@ from transformers.utils import ModelOutput, logging
 from ..models.lookup import merge_lookup_drafts
 from ..models.modeling_dspark import DSparkDrafter
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthClock, IdleBackoff, LengthPolicy,
-                          RoundClock, RoundRecord, RowOutputs, RowStats, target_layer_ids)
+                          MeasuredCost, OnlineCalibration, RoundClock, RoundRecord, RowOutputs, RowStats, target_layer_ids)
 from .scheduler import POLICIES
 from .sps import SPSTable, profile_sps, target_fingerprint
 from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, plans_growth
@@ -379,6 +379,9 @@ def generate(
     tree_budget: int | None = None,
     tree_max_children: int = 4,
     lookup: Any = None,
+    padded_pricing: bool = True,
+    measured_cost: bool = True,
+    online_calibration: bool = True,
     **config_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """Speculative decoding of a left-padded batch with a DSpark drafter. Lossless: greedy output equals each row's
@@ -437,6 +440,17 @@ def generate(
             continuation of its sequence where that is expected to accept more (`lookup.merge_lookup_drafts`: a rule
             that never reads a sampled draft, point-mass draft distributions, calibrated estimates as confidences),
             then the policy picks lengths as usual. Chains only (not with `tree_budget`).
+        padded_pricing: for "scheduled" / "async": price each verification forward as the rectangle it runs (every
+            row padded to the widest: `scheduler.schedule_width`, `schedule_tree(padded=True)`), so the policy picks
+            one width per round that pays for all rows. False: Algorithm 1's ragged pricing (B = sum of per-row
+            lengths), what a serving engine without padding runs; here it under-prices every round whose rows differ.
+        measured_cost: for "scheduled" / "async": correct `sps` with the target forwards this call has timed
+            (`round_state.MeasuredCost`: medians at the batch sizes seen, the prior scaled elsewhere), so a stale or
+            noisy profile does not mislead the policy for long. Past rounds only: lossless either way.
+        online_calibration: for "scheduled" / "async": scale this round's survival estimates by what past rounds
+            accepted against what they predicted (`round_state.OnlineCalibration`, the last 16 drafting rounds), so
+            over-confident estimates (another domain, another draft source) stop buying verification that does not
+            pay. Past rounds only: lossless either way.
         **config_kwargs: `GenerationConfig` settings by name (e.g. `max_length=`, `use_cache=`), as
             `target.generate` accepts them; anything else raises `TypeError`.
     """
@@ -467,11 +481,13 @@ def generate(
     priced = speculate and policy in PRICED_POLICIES
     if priced:
         sps = resolve_sps(target, sps, max_tokens=input_ids.shape[0] * width_max)
+    cost = MeasuredCost(sps) if priced and measured_cost else (sps if priced else None)
     clock = RoundClock(priced=count_round_overhead and priced)
     # trees with a priced policy that counts the round overhead: growth priced too, planned before every growth step
     planned = clock.priced and spec is not None and spec.budget > 0 and plans_growth(drafter)
     growth = GrowthClock(priced=planned)
-    choose = LengthPolicy(policy, block_size, sps, threshold, clock, growth=growth)
+    choose = LengthPolicy(policy, block_size, cost, threshold, clock, growth=growth, padded=padded_pricing,
+                          calibration=OnlineCalibration() if priced and online_calibration else None)
     backoff = IdleBackoff(enabled=idle_backoff and priced)
     branching = BranchBackoff(enabled=idle_backoff and priced and spec is not None and spec.budget > 0)
     criteria = settings.stopping_criteria(stopping_criteria)
@@ -581,6 +597,8 @@ def generate(
         out = target(input_ids=tokens, attention_mask=step_mask, position_ids=positions, cache=rows.cache,
                      use_cache=True, output_hidden_states=layer_ids)
         verify_seconds = time.perf_counter() - verify_start
+        if isinstance(cost, MeasuredCost):
+            cost.observe(tokens.numel(), verify_seconds)
 
         # accept: each row's longest valid prefix (a tree: path) plus one target token (no drafts: the target's own)
         if width > 1 and tree is not None:
@@ -594,6 +612,9 @@ def generate(
             draft_logits = block.logits[:, : width - 1].to(device) if sampled else out.logits[:, :0]
             result = verify(drafts, draft_logits, out.logits, sampling, num_drafts=lengths, generator=generator,
                             pad_token_id=settings.pad_token_id)
+
+        if width > 1:  # what the estimates of the verified drafts predicted against what was accepted
+            choose.observe(block, lengths if tree is None else admitted, result.num_accepted)
 
         # update caches: anchor + accepted drafts (path) become context of both caches; the rest stay holes
         if width == 1:

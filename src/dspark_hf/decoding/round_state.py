@@ -27,6 +27,7 @@ Python pass over the rows per round (only stopping criteria and a streamer, whic
 
 from __future__ import annotations
 
+import statistics
 import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Sequence
@@ -36,14 +37,17 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..models.drafting import DraftBlock, DSparkContextCache, valid_first_order
 from ..models.modeling_dspark import DSparkDrafter
-from .scheduler import (GrowthCost, WithRoundOverhead, async_lengths, async_tree, expected_throughput,
+from .scheduler import (GrowthCost, WithRoundOverhead, async_lengths, async_tree, async_width, expected_throughput,
                         expected_tree_throughput, fixed_lengths, schedule_growth, schedule_prefix, schedule_tree,
+                        schedule_width, sps_values,
                         threshold_lengths, threshold_tree)
 from .tree import DraftTree, GrowthPlan, TreeSpec
 from .verification import SamplingParams
 
 __all__ = [
     "PRICED_POLICIES",
+    "MeasuredCost",
+    "OnlineCalibration",
     "ActiveRows",
     "BranchBackoff",
     "ConfidenceHistory",
@@ -409,6 +413,56 @@ class RoundClock:
         return WithRoundOverhead(sps, overhead)
 
 
+class MeasuredCost:
+    """SPS(B) corrected by the verification forwards this loop has timed.
+
+    A profiled table can be stale (measured on another machine, or while other work shared the cores) and misses
+    effects of the real shapes (R rows x width over the real caches). The loop times every target forward of a round
+    (`observe(B, seconds)`, B = the forward's tokens, padding included) and the policies price:
+
+    * at a B observed at least twice (after a first, warm-up forward of that shape): the median of its last
+      `window` times;
+    * elsewhere: the prior's time scaled by the median ratio observed / prior over the last `ratio_window` forwards;
+
+    then a running maximum over the queried B (a forward of more tokens never takes less time). Read from past rounds
+    only, so the policies stay non-anticipating: the output is the same as with any other cost curve.
+    """
+
+    def __init__(self, prior: Any, window: int = 5, ratio_window: int = 32) -> None:
+        self.prior, self.window, self.ratio_window = prior, int(window), int(ratio_window)
+        self.samples: dict[int, list[float]] = {}
+        self.ratios: list[float] = []
+
+    def observe(self, batch_tokens: int, seconds: float) -> None:
+        """Records one timed target forward of `batch_tokens` tokens (the first at each size is a warm-up: dropped)."""
+        b = int(batch_tokens)
+        if b < 1 or not seconds > 0:
+            return
+        if b not in self.samples:
+            self.samples[b] = []
+            return
+        self.samples[b] = (self.samples[b] + [float(seconds)])[-self.window:]
+        prior = 1.0 / float(sps_values(self.prior, torch.tensor([b]))[0])
+        self.ratios = (self.ratios + [float(seconds) / prior])[-self.ratio_window:]
+
+    def seconds_per_step(self, batch_tokens: torch.Tensor) -> torch.Tensor:
+        b = torch.as_tensor(batch_tokens).long().reshape(-1)
+        seconds = 1.0 / sps_values(self.prior, b)
+        if self.ratios:
+            seconds = seconds * statistics.median(self.ratios)
+        measured = {k: statistics.median(v) for k, v in self.samples.items() if len(v) >= 2}
+        if measured:
+            seconds = torch.tensor([measured.get(int(x), float(s)) for x, s in zip(b.tolist(), seconds.tolist())],
+                                   dtype=torch.float64)
+        order = torch.argsort(b, stable=True)
+        monotone = torch.empty_like(seconds)
+        monotone[order] = torch.cummax(seconds[order], dim=0).values
+        return monotone.reshape(torch.as_tensor(batch_tokens).shape)
+
+    def steps_per_second(self, batch_tokens: torch.Tensor) -> torch.Tensor:
+        return 1.0 / self.seconds_per_step(batch_tokens)
+
+
 @dataclass
 class GrowthClock:
     """The measured cost of growing trees beyond their chains, over past rounds that grew (running means).
@@ -487,6 +541,51 @@ class ConfidenceHistory:
 
 
 @dataclass
+class OnlineCalibration:
+    """How far the survival estimates of past rounds over- or under-predicted what the target accepted.
+
+    kappa = (accepted + prior) / (predicted + prior) over the last `window` drafting rounds, where `predicted` sums
+    the estimated survival of every verified draft (node) and `accepted` counts the drafts the target accepted; the
+    priced policies multiply this round's survivals by kappa (clipped to [0, 1]). The STS temperatures calibrate a
+    drafter on held-out prompts; this corrects, within one call, for the prompts and the draft source at hand (lookup
+    drafts and drafter drafts, in-domain or not). It reads past rounds only, so decoding stays lossless.
+
+    Attributes:
+        window: drafting rounds remembered; prior: pseudo-counts pulling kappa towards 1 while few drafts were seen.
+        history: (predicted, accepted) per remembered round.
+    """
+
+    window: int = 16
+    prior: float = 2.0
+    history: list[tuple[float, float]] = field(default_factory=list)
+
+    @property
+    def kappa(self) -> float:
+        predicted = sum(p for p, _ in self.history)
+        accepted = sum(a for _, a in self.history)
+        return (accepted + self.prior) / (predicted + self.prior)
+
+    def observe(self, survival: torch.Tensor, verified: torch.Tensor, accepted: torch.Tensor) -> None:
+        """One round: `survival` `[R, N]` estimates (uncorrected), `verified` `[R, N]` bool, `accepted` `[R]` counts."""
+        predicted = float((survival.detach().float().cpu() * verified.cpu()).sum())
+        if predicted <= 0:
+            return
+        self.history = (self.history + [(predicted, float(accepted.sum()))])[-self.window:]
+
+    def survival(self, survival: torch.Tensor) -> torch.Tensor:
+        """`survival` scaled by kappa, clipped to [0, 1]."""
+        return (survival * self.kappa).clamp(0.0, 1.0) if self.history else survival
+
+    def confidences(self, confidences: torch.Tensor) -> torch.Tensor:
+        """Per-position confidences whose prefix survivals are the corrected ones (the first position scaled)."""
+        if not self.history:
+            return confidences
+        out = confidences.clone()
+        out[:, :1] = (out[:, :1] * self.kappa).clamp(0.0, 1.0)
+        return out
+
+
+@dataclass
 class LengthPolicy:
     """A round's verification lengths l_r.
 
@@ -500,6 +599,10 @@ class LengthPolicy:
         history: the async policy's past confidences.
         growth: the measured cost of growing trees, priced by `admit`, `growth_plan` and `tree_pays` when
             `growth.priced` (trees with "scheduled" / "async" and the round overhead counted).
+        padded: price the verification forward as the rectangle it is (R rows x the widest row: `schedule_width`,
+            `schedule_tree(padded=True)`) instead of Algorithm 1's sum of per-row lengths.
+        calibration: for "scheduled" / "async": the survival estimates corrected by what past rounds accepted
+            (`OnlineCalibration`; None: the estimates as the drafter gives them).
     """
 
     name: str
@@ -509,6 +612,30 @@ class LengthPolicy:
     clock: RoundClock
     history: ConfidenceHistory = field(default_factory=ConfidenceHistory)
     growth: GrowthClock = field(default_factory=lambda: GrowthClock(priced=False))
+    padded: bool = False
+    calibration: OnlineCalibration | None = None
+
+    def _conf(self, confidences: torch.Tensor) -> torch.Tensor:
+        conf = confidences.detach().float().cpu()
+        return conf if self.calibration is None else self.calibration.confidences(conf)
+
+    def _survival(self, survival: torch.Tensor) -> torch.Tensor:
+        survival = survival.detach().float().cpu()
+        return survival if self.calibration is None else self.calibration.survival(survival)
+
+    def observe(self, block: Any, verified: torch.Tensor, accepted: torch.Tensor) -> None:
+        """After verification: feeds `calibration` with this round's estimates of the verified drafts (`verified`:
+        lengths `[R]` of a chain, or the `[R, N]` admitted nodes of a tree) and the accepted counts `[R]`."""
+        if self.calibration is None or block is None:
+            return
+        if isinstance(block, DraftTree):
+            if block.survival is not None:
+                self.calibration.observe(block.survival.masked_fill(~block.valid, 0.0), verified, accepted)
+        elif block.confidences is not None:
+            survival = torch.cumprod(block.confidences.detach().float().cpu(), dim=1)
+            lengths = verified.cpu()
+            mask = torch.arange(survival.shape[1])[None, :] < lengths[:, None]
+            self.calibration.observe(survival, mask, accepted)
 
     def lengths(self, block: DraftBlock, rows: torch.Tensor) -> torch.Tensor:
         """`[R]` (CPU) lengths for this round's drafts of `rows` (original indices); reads past rounds only."""
@@ -517,11 +644,13 @@ class LengthPolicy:
         conf = block.confidences.detach().float().cpu()
         if self.name == "threshold":
             return threshold_lengths(conf, self.threshold)
+        conf = self._conf(conf)
         stale = self.history.two_rounds_ago(rows) if self.name == "async" else None
+        cost = self.clock.cost(self.sps)
         if stale is None:
-            lengths = schedule_prefix(conf, self.clock.cost(self.sps))
+            lengths = schedule_width(conf, cost) if self.padded else schedule_prefix(conf, cost)
         else:
-            lengths = async_lengths(conf, stale, self.clock.cost(self.sps))
+            lengths = async_width(conf, stale, cost) if self.padded else async_lengths(conf, stale, cost)
         if self.name == "async":  # only async reads past confidences
             self.history.push(conf, rows)
         return lengths
@@ -535,9 +664,11 @@ class LengthPolicy:
         survival = tree.survival.detach().float().cpu()
         if self.name == "threshold":
             return threshold_tree(survival, valid, self.threshold)
+        survival = self._survival(survival)
         stale = self.history.two_rounds_ago(rows) if self.name == "async" else None
         growth = self.growth.cost()
         priced = dict(growth=growth, num_chain=tree.num_chain) if growth is not None else {}
+        priced["padded"] = self.padded
         if stale is None:
             admitted = schedule_tree(survival, valid, self.clock.cost(self.sps), **priced)
         else:
@@ -551,11 +682,12 @@ class LengthPolicy:
         """The plan `tree.TreeDrafting.grow` consults before each growth step: `scheduler.schedule_growth` with this
         round's cost curve (overhead included) and the measured growth cost (the "scheduled" break, for "async" too:
         its stale budget caps what is verified, not what is worth growing)."""
-        sps, growth, k = self.clock.cost(self.sps), self.growth.cost(), self.block_size
+        sps, growth, k, padded = self.clock.cost(self.sps), self.growth.cost(), self.block_size, self.padded
 
         def plan(survival: torch.Tensor, valid: torch.Tensor, next_survival: torch.Tensor,
                  next_valid: torch.Tensor) -> torch.Tensor:
-            return schedule_growth(survival, valid, next_survival, next_valid, sps, growth, k)
+            return schedule_growth(self._survival(survival), valid, self._survival(next_survival), next_valid, sps,
+                                   growth, k, padded=padded)
 
         return plan
 
@@ -566,11 +698,11 @@ class LengthPolicy:
             return False
         if not self.clock.measured or tree.survival is None:
             return True
-        survival = tree.survival.detach().float().cpu().masked_fill(~tree.valid.cpu(), 0.0)
+        survival = self._survival(tree.survival).masked_fill(~tree.valid.cpu(), 0.0)
         return (expected_tree_throughput(survival, admitted, self.clock.cost(self.sps), growth=self.growth.cost(),
-                                         growth_steps=growth_steps)
-                > expected_tree_throughput(survival, torch.zeros_like(admitted), self.clock.cost(self.sps,
-                                                                                               with_drafter=False)))
+                                         growth_steps=growth_steps, padded=self.padded)
+                > expected_tree_throughput(survival, torch.zeros_like(admitted),
+                                           self.clock.cost(self.sps, with_drafter=False), padded=self.padded))
 
     def pays(self, block: DraftBlock, lengths: torch.Tensor) -> bool:
         """Whether drafting this round is expected to beat plain decoding once the drafter's own time is priced: False
@@ -579,9 +711,10 @@ class LengthPolicy:
             return False
         if not self.clock.measured or block.confidences is None:
             return True
-        conf, lengths = block.confidences.detach().float().cpu(), lengths.cpu()
-        return (expected_throughput(conf, lengths, self.clock.cost(self.sps))
-                > expected_throughput(conf, torch.zeros_like(lengths), self.clock.cost(self.sps, with_drafter=False)))
+        conf, lengths = self._conf(block.confidences), lengths.cpu()
+        return (expected_throughput(conf, lengths, self.clock.cost(self.sps), padded=self.padded)
+                > expected_throughput(conf, torch.zeros_like(lengths), self.clock.cost(self.sps, with_drafter=False),
+                                      padded=self.padded))
 
 
 @dataclass

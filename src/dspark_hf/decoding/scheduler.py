@@ -18,6 +18,20 @@ per-request lengths `[R]` in 0..K.
   current survival. Ties are broken by position then request, so (r, j) always precedes (r, j + 1) and a decision on
   x_j never reads x_j.
 
+**Padded verification** (`schedule_width`, `schedule_tree(..., padded=True)`). Algorithm 1 prices B = sum_r (1 + l_r),
+what a serving engine runs with ragged batches. A transformers forward is a rectangle: every row feeds
+1 + max_r l_r tokens (shorter rows are padded), so the forward costs SPS(R * (1 + max_r l_r)) whatever the shorter
+rows verify, and once the widest row has paid for a width every other row verifies up to it for free. The padded rule
+scans widths instead of candidates: level m holds every row's m-th best candidate (on a chain, draft m), and
+
+    Theta(m) = (R + sum_{i<=m} sum_r v_{r,i}) * SPS(R * (1 + m)),
+
+admitting level after level while Theta improves and stopping at the first non-improvement; every row then verifies
+its m best candidates. Non-anticipation holds as for Algorithm 1: whether level m is admitted reads the values of
+levels <= m, and a row's candidate at level m never depends on its own token or on anything that ranks after it (on a
+chain draft m's survival reads drafts < m only; in a tree a node's descendants and later siblings rank after it). On
+one request both rules are the same; `batched.generate` uses the padded one (`padded_pricing`).
+
 Trees (`tree.DraftTree`): the same objective over nodes instead of prefixes. `schedule_tree`, `threshold_tree`,
 `async_tree` and `expected_tree_throughput` take each node's survival s_{r,n} (the prefix survival along its path:
 the product of its ancestors' and its own conditional estimates) and a `[R, N]` validity mask, and return the nodes to
@@ -60,6 +74,7 @@ priced scan (a Python loop over the sorted candidates: about a millisecond per t
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Callable, Union
 
@@ -73,6 +88,7 @@ __all__ = [
     "WithRoundOverhead",
     "async_lengths",
     "async_tree",
+    "async_width",
     "expected_throughput",
     "expected_tree_throughput",
     "fixed_lengths",
@@ -80,6 +96,7 @@ __all__ = [
     "schedule_growth",
     "schedule_prefix",
     "schedule_tree",
+    "schedule_width",
     "sps_values",
     "threshold_lengths",
     "threshold_tree",
@@ -210,6 +227,39 @@ def schedule_prefix(confidences: torch.Tensor, sps: SPSLike, early_stop: bool = 
     return _lengths_from_admitted(rows, admitted, r)
 
 
+def _level_theta(levels: torch.Tensor, num_requests: int, sps: SPSLike, steps: torch.Tensor | None = None,
+                 growth: GrowthCost | None = None) -> torch.Tensor:
+    """Theta(m) for m = 0..M admitted levels of a padded batch: `levels` `[M]` is each level's summed value (expected
+    accepted tokens), a level costs `num_requests` tokens of width; with `growth`, `steps` `[M + 1]` growth steps."""
+    tau = num_requests + torch.cat([torch.zeros(1, dtype=torch.float64), levels.double().cumsum(0)])
+    batch = num_requests * (1 + torch.arange(len(levels) + 1))
+    if growth is None or growth.free or steps is None:
+        return tau * sps_values(sps, batch)
+    seconds = 1.0 / sps_values(sps, batch) + growth.tree_seconds * (steps > 0).double() + growth.step_seconds * steps
+    return tau / seconds
+
+
+def schedule_width(confidences: torch.Tensor, sps: SPSLike, early_stop: bool = True) -> torch.Tensor:
+    """Algorithm 1 for a padded verification batch (module docstring): lengths `[R]`, all equal to the width m
+    maximising Theta(m) = (R + sum_r sum_{j<=m} a_{r,j}) * SPS(R * (1 + m)), with the break (`early_stop`) or the
+    global argmax (not lossless on live confidences). On one request it equals `schedule_prefix`."""
+    survival = prefix_survival(confidences)
+    r = survival.shape[0]
+    if r == 0:
+        raise ValueError("schedule_width needs at least one request")
+    width = _break(_level_theta(survival.double().sum(dim=0), r, sps), early_stop)
+    return torch.full((r,), width, dtype=torch.long)
+
+
+def async_width(current: torch.Tensor, stale: torch.Tensor, sps: SPSLike) -> torch.Tensor:
+    """Section 5.2 on a padded batch: the width from a global search over confidences two rounds old, applied to every
+    row of the current block (it never reads the current drafts)."""
+    if stale.shape[0] != current.shape[0]:
+        raise ValueError(f"stale confidences have {stale.shape[0]} rows, current have {current.shape[0]}")
+    width = int(schedule_width(stale, sps, early_stop=False)[0])
+    return torch.full((current.shape[0],), min(width, current.shape[1]), dtype=torch.long)
+
+
 def token_budget(confidences: torch.Tensor, sps: SPSLike) -> int:
     """The number of draft tokens a global (no-break) search admits: sum_r l_r of `schedule_prefix(.., False)`."""
     return int(schedule_prefix(confidences, sps, early_stop=False).sum())
@@ -225,13 +275,14 @@ def async_lengths(current: torch.Tensor, stale: torch.Tensor, sps: SPSLike) -> t
     return _lengths_from_admitted(rows, min(budget, len(values)), current.shape[0])
 
 
-def expected_throughput(confidences: torch.Tensor, lengths: torch.Tensor, sps: SPSLike) -> float:
-    """Theta = tau * SPS(B) for given lengths: tau = sum_r (1 + sum_{j<=l_r} a_{r,j}), B = sum_r (1 + l_r)."""
+def expected_throughput(confidences: torch.Tensor, lengths: torch.Tensor, sps: SPSLike, padded: bool = False) -> float:
+    """Theta = tau * SPS(B) for given lengths: tau = sum_r (1 + sum_{j<=l_r} a_{r,j}), B = sum_r (1 + l_r)
+    (`padded`: B = R * (1 + max_r l_r), the rectangle a transformers forward runs)."""
     survival = prefix_survival(confidences)
     r, k = survival.shape
     admitted = torch.arange(k)[None, :] < lengths[:, None]
     tau = r + float((survival * admitted).sum())
-    batch = int(r + lengths.sum())
+    batch = int(r * (1 + lengths.max())) if padded and r else int(r + lengths.sum())
     return tau * float(sps_values(sps, torch.tensor([batch]))[0])
 
 
@@ -365,8 +416,38 @@ def _break(theta: torch.Tensor, early_stop: bool) -> int:
     return int(torch.argmax(theta))  # first maximum: the smallest batch among ties
 
 
+def _ranked_per_row(survival: torch.Tensor, valid: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each row's valid nodes by survival descending, ties by node index (a node after its parent and earlier
+    siblings, as in `_sorted_nodes`). Returns (values `[R, N]` float64, 0 past a row's valid nodes; node indices
+    `[R, N]`; live `[R, N]` bool)."""
+    n = survival.shape[1]
+    keys = survival.double() - torch.arange(n, dtype=torch.float64)[None, :] * _TIE_BREAK
+    keys = keys.masked_fill(~valid, -math.inf)
+    order = torch.argsort(keys, dim=1, descending=True)
+    live = valid.gather(1, order)
+    values = survival.double().gather(1, order).masked_fill(~live, 0.0)
+    return values, order, live
+
+
+def _padded_tree(survival: torch.Tensor, valid: torch.Tensor, sps: SPSLike, early_stop: bool,
+                 growth: GrowthCost | None, num_chain: int | None) -> torch.Tensor:
+    """`schedule_tree(..., padded=True)`: the level scan over each row's ranked nodes (module docstring), growth
+    priced per level as the most branches any row's admitted nodes hold."""
+    values, order, live = _ranked_per_row(survival, valid)
+    r = survival.shape[0]
+    steps = None
+    if growth is not None and not growth.free:
+        branches = ((order >= num_chain) & live).long().cumsum(dim=1).max(dim=0).values.double()
+        steps = torch.cat([torch.zeros(1, dtype=torch.float64), branches])
+    width = _break(_level_theta(values.sum(dim=0), r, sps, steps, growth), early_stop)
+    mask = torch.zeros(survival.shape, dtype=torch.bool)
+    mask.scatter_(1, order[:, :width], live[:, :width])
+    return mask
+
+
 def schedule_tree(survival: torch.Tensor, valid: torch.Tensor, sps: SPSLike, early_stop: bool = True, *,
-                  growth: GrowthCost | None = None, num_chain: int | None = None) -> torch.Tensor:
+                  growth: GrowthCost | None = None, num_chain: int | None = None,
+                  padded: bool = False) -> torch.Tensor:
     """Algorithm 1 over tree nodes: the `[R, N]` mask of nodes to verify, maximising Theta = tau * SPS(B).
 
     Candidates (r, n) are admitted in descending survival s_{r,n} (ties: node index, then request) while Theta
@@ -386,15 +467,21 @@ def schedule_tree(survival: torch.Tensor, valid: torch.Tensor, sps: SPSLike, ear
     (r, j) before (r, j + 1) on a chain. (With `early_stop=False` the argmax over the whole curve reads them: not
     lossless on live survivals.) Greedy output does not depend on what is verified, so greedy trees need only the
     parent -> child order, which keeps the admitted set a tree per row (closed under parents).
+
+    `padded=True` prices the rectangle a transformers forward runs (module docstring): levels of every row's m-th
+    best node, each costing R tokens, with the break; growth is priced per level (a level whose branches do not pay
+    ends the admission, as a chain node does). On a chain it equals `schedule_width`.
     """
     survival, valid = _check_survival(survival, valid)
     r = survival.shape[0]
     if r == 0:
         raise ValueError("schedule_tree needs at least one request")
-    values, rows, nodes = _sorted_nodes(survival, valid)
     priced = growth is not None and not growth.free
     if priced and num_chain is None:
         raise ValueError("pricing growth needs num_chain (node indices >= num_chain are the branches to grow)")
+    if padded:
+        return _padded_tree(survival, valid, sps, early_stop, growth if priced else None, num_chain)
+    values, rows, nodes = _sorted_nodes(survival, valid)
     if priced and early_stop and bool((nodes >= num_chain).any()):
         chosen = torch.tensor(_priced_scan(values, rows, nodes, r, sps, growth, num_chain), dtype=torch.long)
         mask = torch.zeros(survival.shape, dtype=torch.bool)
@@ -406,7 +493,7 @@ def schedule_tree(survival: torch.Tensor, valid: torch.Tensor, sps: SPSLike, ear
 
 def schedule_growth(survival: torch.Tensor, valid: torch.Tensor, next_survival: torch.Tensor,
                     next_valid: torch.Tensor, sps: SPSLike, growth: GrowthCost | None,
-                    num_chain: int) -> torch.Tensor:
+                    num_chain: int, padded: bool = False) -> torch.Tensor:
     """`[R]` bool: which rows grow their next node, decided before it is drawn.
 
     Args:
@@ -424,7 +511,7 @@ def schedule_growth(survival: torch.Tensor, valid: torch.Tensor, next_survival: 
     known = torch.cat([survival, next_survival.detach().float().cpu()[:, None].clamp(0.0, 1.0)], dim=1)
     live = torch.cat([valid, next_valid.detach().bool().cpu()[:, None]], dim=1)
     known = known.masked_fill(~live, 0.0)  # (-inf keys of rows without a candidate)
-    return schedule_tree(known, live, sps, growth=growth, num_chain=num_chain)[:, -1] & live[:, -1]
+    return schedule_tree(known, live, sps, growth=growth, num_chain=num_chain, padded=padded)[:, -1] & live[:, -1]
 
 
 def threshold_tree(survival: torch.Tensor, valid: torch.Tensor, threshold: float) -> torch.Tensor:
@@ -436,29 +523,38 @@ def threshold_tree(survival: torch.Tensor, valid: torch.Tensor, threshold: float
 
 
 def async_tree(survival: torch.Tensor, valid: torch.Tensor, stale_survival: torch.Tensor, stale_valid: torch.Tensor,
-               sps: SPSLike, *, growth: GrowthCost | None = None, num_chain: int | None = None) -> torch.Tensor:
+               sps: SPSLike, *, growth: GrowthCost | None = None, num_chain: int | None = None,
+               padded: bool = False) -> torch.Tensor:
     """Section 5.2 for trees: the token budget from a global search over the node survivals of two rounds ago
     (`stale_*`, rows aligned with the current ones; growth priced as in `schedule_tree` when given), then the current
     nodes top-budget by current survival (the ranking puts a node after its parent and earlier siblings, so the
     admitted set is a tree per row)."""
     if stale_survival.shape[0] != survival.shape[0]:
         raise ValueError(f"stale survivals have {stale_survival.shape[0]} rows, current have {survival.shape[0]}")
-    budget = int(schedule_tree(stale_survival, stale_valid, sps, early_stop=False, growth=growth,
-                               num_chain=num_chain).sum())
+    stale = schedule_tree(stale_survival, stale_valid, sps, early_stop=False, growth=growth, num_chain=num_chain,
+                          padded=padded)
     survival, valid = _check_survival(survival, valid)
+    if padded:  # the stale width, each current row's best nodes up to it
+        width = int(stale.sum(dim=1).max()) if stale.numel() else 0
+        values, order, live = _ranked_per_row(survival, valid)
+        mask = torch.zeros(survival.shape, dtype=torch.bool)
+        mask.scatter_(1, order[:, :width], live[:, :width])
+        return mask
+    budget = int(stale.sum())
     values, rows, nodes = _sorted_nodes(survival, valid)
     return _admitted_nodes(rows, nodes, min(budget, len(values)), survival.shape)
 
 
 def expected_tree_throughput(survival: torch.Tensor, admitted: torch.Tensor, sps: SPSLike, *,
-                             growth: GrowthCost | None = None, growth_steps: int = 0) -> float:
-    """Theta = tau * SPS(B) for the admitted nodes `[R, N]`: tau = R + sum of their survivals, B = R + their count;
-    with `growth`, the round's time also counts `growth_steps` growth steps (and the tree cost when > 0)."""
+                             growth: GrowthCost | None = None, growth_steps: int = 0, padded: bool = False) -> float:
+    """Theta = tau * SPS(B) for the admitted nodes `[R, N]`: tau = R + sum of their survivals, B = R + their count
+    (`padded`: R * (1 + the most any row admits)); with `growth`, the round's time also counts `growth_steps` growth
+    steps (and the tree cost when > 0)."""
     survival = survival.detach().float().cpu()
     admitted = admitted.cpu()
     r = survival.shape[0]
     tau = r + float((survival * admitted).sum())
-    batch = int(r + admitted.sum())
+    batch = int(r * (1 + admitted.sum(dim=1).max())) if padded and r else int(r + admitted.sum())
     steps_per_second = float(sps_values(sps, torch.tensor([batch]))[0])
     if growth is None or growth.free or growth_steps <= 0:
         return tau * steps_per_second

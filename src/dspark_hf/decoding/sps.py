@@ -28,11 +28,15 @@ __all__ = ["SPSTable", "profile_batch1_sps", "profile_sps", "target_fingerprint"
 
 
 def target_fingerprint(target: PreTrainedModel) -> str:
-    """Identifies a target well enough to refuse another model's table: type, sizes and parameter count."""
+    """Identifies a target well enough to refuse another model's table: type, sizes, parameter count, and
+    ":prepacked" when its linears run on prepacked oneDNN kernels (`models.prepacked`), whose cost curve differs."""
+    from ..models.prepacked import PrepackedLinear
+
     text = target.config.get_text_config()
     params = sum(p.numel() for p in target.parameters())
+    packed = any(isinstance(m, PrepackedLinear) for m in target.modules())
     return (f"{getattr(text, 'model_type', type(target).__name__)}:L{text.num_hidden_layers}:d{text.hidden_size}:"
-            f"V{text.vocab_size}:P{params}")
+            f"V{text.vocab_size}:P{params}" + (":prepacked" if packed else ""))
 
 
 def _default_grid(max_tokens: int) -> list[int]:

@@ -279,6 +279,7 @@ def build_training_data(
     on_error: str = "skip",
     report: str | Path | None = None,
     progress: bool = True,
+    prepack: bool = False,
 ) -> DataBuild:
     """`dspark-hf data`: the target answers the prompts of a JSONL file (`generate_responses`, resumable).
 
@@ -288,6 +289,9 @@ def build_training_data(
             (`on_error="skip"`) or raise (`"raise"`), see `read_prompts_jsonl`.
         limit: answer only the first `limit` prompts.
         report: also write a Markdown summary of the data folder (`summarize_data`) to this file.
+        prepack: run a CPU target (float32/bfloat16) with its linear weights packed once for oneDNN
+            (`models.prepacked.prepack_linears`; PyTorch's own CPU GEMM repacks them on every batched call). Skipped,
+            with a log line, where the target or the PyTorch build cannot; the model is restored afterwards.
     """
     from .prompts import read_prompts_jsonl
 
@@ -302,7 +306,19 @@ def build_training_data(
         tokenizer = tokenizer if tokenizer is not None else loaded_tokenizer
     if tokenizer is None:
         raise ValueError("build_training_data needs the target's tokenizer when given a target model")
-    out = Path(generate_responses(target, tokenizer, rows, out_dir, recipe, progress=progress))
+    packed = 0
+    if prepack:
+        from ..models.prepacked import prepack_linears, unpack_linears
+
+        try:
+            packed = prepack_linears(target)
+        except ValueError as err:
+            logger.info(f"answering without prepacked linears: {err}")
+    try:
+        out = Path(generate_responses(target, tokenizer, rows, out_dir, recipe, progress=progress))
+    finally:
+        if packed:
+            unpack_linears(target)
     summary = None
     if report is not None:
         summary = summarize_data(out)
