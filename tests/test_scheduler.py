@@ -226,7 +226,7 @@ def test_padded_rule_equals_algorithm_1_on_one_request_and_on_a_chain_tree(seed)
 @pytest.mark.parametrize("seed", range(30))
 def test_padded_rule_never_reads_the_drafts_past_its_width(seed):
     """Non-anticipation (Appendix A) for the width scan: whatever the confidences of drafts past width m + 1 (they
-    read drafts the rule admitted or refused), the width is the same, and the width-(m + 1) level is read only to stop."""
+    read drafts the rule admitted or refused), the width is the same; level m + 1 is read only to stop."""
     g = torch.Generator().manual_seed(seed)
     conf = torch.rand(4, 7, generator=g) * 0.6 + 0.4
 

@@ -70,7 +70,8 @@ from transformers.utils import ModelOutput, logging
 from ..models.lookup import merge_lookup_drafts
 from ..models.modeling_dspark import DSparkDrafter
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthClock, IdleBackoff, LengthPolicy,
-                          MeasuredCost, OnlineCalibration, RoundClock, RoundRecord, RowOutputs, RowStats, target_layer_ids)
+                          MeasuredCost, OnlineCalibration, RoundClock, RoundRecord, RowOutputs, RowStats,
+                          target_layer_ids)
 from .scheduler import POLICIES
 from .sps import SPSTable, profile_sps, target_fingerprint
 from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, plans_growth

@@ -39,8 +39,7 @@ from ..models.drafting import DraftBlock, DSparkContextCache, valid_first_order
 from ..models.modeling_dspark import DSparkDrafter
 from .scheduler import (GrowthCost, WithRoundOverhead, async_lengths, async_tree, async_width, expected_throughput,
                         expected_tree_throughput, fixed_lengths, schedule_growth, schedule_prefix, schedule_tree,
-                        schedule_width, sps_values,
-                        threshold_lengths, threshold_tree)
+                        schedule_width, sps_values, prefix_survival, threshold_lengths, threshold_tree)
 from .tree import DraftTree, GrowthPlan, TreeSpec
 from .verification import SamplingParams
 
@@ -632,7 +631,7 @@ class LengthPolicy:
             if block.survival is not None:
                 self.calibration.observe(block.survival.masked_fill(~block.valid, 0.0), verified, accepted)
         elif block.confidences is not None:
-            survival = torch.cumprod(block.confidences.detach().float().cpu(), dim=1)
+            survival = prefix_survival(block.confidences.detach().float().cpu())
             lengths = verified.cpu()
             mask = torch.arange(survival.shape[1])[None, :] < lengths[:, None]
             self.calibration.observe(survival, mask, accepted)

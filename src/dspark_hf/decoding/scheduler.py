@@ -439,8 +439,12 @@ def _padded_tree(survival: torch.Tensor, valid: torch.Tensor, sps: SPSLike, earl
     if growth is not None and not growth.free:
         branches = ((order >= num_chain) & live).long().cumsum(dim=1).max(dim=0).values.double()
         steps = torch.cat([torch.zeros(1, dtype=torch.float64), branches])
-    width = _break(_level_theta(values.sum(dim=0), r, sps, steps, growth), early_stop)
-    mask = torch.zeros(survival.shape, dtype=torch.bool)
+    return _best_per_row(order, live, _break(_level_theta(values.sum(dim=0), r, sps, steps, growth), early_stop))
+
+
+def _best_per_row(order: torch.Tensor, live: torch.Tensor, width: int) -> torch.Tensor:
+    """`[R, N]` mask of each row's first `width` ranked nodes (`_ranked_per_row`'s order and liveness)."""
+    mask = torch.zeros(order.shape, dtype=torch.bool)
     mask.scatter_(1, order[:, :width], live[:, :width])
     return mask
 
@@ -535,11 +539,8 @@ def async_tree(survival: torch.Tensor, valid: torch.Tensor, stale_survival: torc
                           padded=padded)
     survival, valid = _check_survival(survival, valid)
     if padded:  # the stale width, each current row's best nodes up to it
-        width = int(stale.sum(dim=1).max()) if stale.numel() else 0
-        values, order, live = _ranked_per_row(survival, valid)
-        mask = torch.zeros(survival.shape, dtype=torch.bool)
-        mask.scatter_(1, order[:, :width], live[:, :width])
-        return mask
+        _, order, live = _ranked_per_row(survival, valid)
+        return _best_per_row(order, live, int(stale.sum(dim=1).max()) if stale.numel() else 0)
     budget = int(stale.sum())
     values, rows, nodes = _sorted_nodes(survival, valid)
     return _admitted_nodes(rows, nodes, min(budget, len(values)), survival.shape)
