@@ -172,6 +172,15 @@ SECTIONS = [
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled --concurrency 1 4 16 "
      "--max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
      "--out results/bench_smollm2_lookup_gsm"),
+    ("bench_smollm2_lookup_rounds_gsm/bench.md",
+     "Throughput vs concurrency with lookup-only rounds: the rounds the idle backoff takes from the drafter draft "
+     "from the n-gram lookup alone (`lookup_rounds=True`, the default), side by side with those rounds as plain "
+     "decoding (`scheduled-plain-skips`); gsm_symbolic prompts, release drafter + lookup drafts, prepacked target "
+     "(issue 14)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-plain-skips "
+     "--concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
+     "--out results/bench_smollm2_lookup_rounds_gsm"),
     ("bench_smollm2_padded_gsm/bench.md",
      "Throughput vs concurrency with the padded pricing, the measured cost curve and the online calibration of the "
      "scheduled policy, against Algorithm 1's ragged pricing on the profiled curve (`scheduled-ragged`), same run "

@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -348,6 +349,108 @@ def test_batched_sampling_with_lookup_matches_the_target_distribution(policy, mo
     accept_all = torch.zeros(4, 4)
     accept_all[torch.arange(4), (torch.arange(4) + 1) % 4] = pairs.sum(1)
     assert 0.5 * (accept_all - pairs).abs().sum().item() > 2.5 * expected_tv
+
+
+def _slow(drafter, seconds):
+    """The drafter with `seconds` added to every `draft` call: its measured time makes its rounds not pay."""
+    original = drafter.draft
+
+    def draft(*args, **kwargs):
+        time.sleep(seconds)
+        return original(*args, **kwargs)
+
+    drafter.draft = draft
+    return drafter
+
+
+def _fast_curve(b):
+    """About a millisecond per forward (what the measured round overhead is compared with)."""
+    return 1.0 / (0.001 * (1.0 + 0.08 * b))
+
+
+def test_lookup_block_is_point_masses_with_the_calibrated_estimates_and_nothing_past_the_proposal():
+    from dspark_hf.models.lookup import LookupProposal, lookup_block
+
+    block = lookup_block([LookupProposal([5, 6], [0.9, 0.5], ["corpus", "context"]), LookupProposal([], [], [])],
+                         width=4, vocab_size=10)
+    assert block.tokens.tolist() == [[5, 6, 6, 6], [0, 0, 0, 0]]
+    assert torch.allclose(block.confidences, torch.tensor([[0.9, 0.5, 0, 0], [0, 0, 0, 0]]))
+    probs = block.probs
+    assert probs.shape == (2, 4, 10)
+    assert torch.equal(probs.argmax(-1), block.tokens) and torch.allclose(probs.max(-1).values, torch.ones(2, 4))
+    with pytest.raises(ValueError, match="width"):
+        lookup_block([], width=0, vocab_size=10)
+
+
+def test_batched_lookup_only_rounds_replace_the_backed_off_drafter_and_stay_lossless():
+    """A drafter too slow to pay is backed off; the rounds it skips draft from the lookup alone (recorded as such,
+    no drafter confidences), verify lookup drafts, need fewer rounds than plain skipped rounds, and the output is
+    each row's own greedy output."""
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = _slow(fixed_confidence_drafter(target, -2.0, block_size=4), 0.02)
+    lookup = _lookup_from_target(target, PROMPTS[:2], n=24, noise_seed=3)
+    ids, mask = left_pad(PROMPTS)
+    kw = dict(max_new_tokens=24, policy="scheduled", sps=_fast_curve, measured_cost=False, lookup=lookup,
+              record_rounds=True, return_dict_in_generate=True)
+    with_lookup = dspark_hf.generate(target, drafter, ids, mask, **kw)
+    plain = dspark_hf.generate(target, drafter, ids, mask, lookup_rounds=False, **kw)
+    for out in (with_lookup, plain):
+        for row, prompt in enumerate(PROMPTS):
+            assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 24), row
+    only = [r for r in with_lookup.rounds if r.lookup_only]
+    assert len(only) >= 3 and all(r.confidence_logits is None and r.drafts is not None for r in only)
+    assert sum(int(r.accepted.sum()) for r in only) > 0  # lookup drafts verified and accepted
+    assert not any(r.lookup_only for r in plain.rounds)
+    assert len(with_lookup.rounds) < len(plain.rounds)
+
+
+def test_a_drafter_that_adds_nothing_next_to_the_lookup_is_backed_off():
+    """The drafter's drafts are never chosen over the lookup's (confidence ~0.002) and it costs time, so its rounds
+    pay against plain decoding (the lookup's drafts do) but not against lookup-only rounds: with lookup-only rounds it
+    is backed off and runs far fewer times; without them it drafts every round. Output identical either way."""
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = fixed_confidence_drafter(target, -6.0, block_size=4)
+    calls = []
+    original = drafter.draft
+    drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)
+    lookup = _lookup_from_target(target, PROMPTS[:2], n=32)
+    ids, mask = left_pad(PROMPTS[:2])
+    counted = {}
+    for lookup_rounds in (False, True):
+        calls.clear()
+        out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=32, policy="scheduled",
+                                 sps=lambda b: 1.0 / (0.02 * (1.0 + 0.01 * b)), measured_cost=False, lookup=lookup,
+                                 lookup_rounds=lookup_rounds, record_rounds=True, return_dict_in_generate=True)
+        for row, prompt in enumerate(PROMPTS[:2]):
+            assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 32), row
+        counted[lookup_rounds] = (len(calls), len(out.rounds))
+    assert counted[False][0] == counted[False][1]  # every round drafted: the merged rounds beat plain decoding
+    assert counted[True][0] <= counted[True][1] - 2 and counted[True][0] < counted[False][0]
+
+
+def test_batched_sampling_with_lookup_only_rounds_matches_the_target_distribution():
+    """Identical rows whose slow drafter is backed off after two rounds: later rounds draft the lookup's cyclic
+    continuations alone (point masses), and 8 sampled tokens (2^8 outcomes) stay within 2.5x the TV of exact
+    sampling."""
+    target = make_target("llama", vocab_size=2, seed=3, sharpen=3.0)
+    drafter = _slow(fixed_confidence_drafter(target, -2.0, block_size=3, markov_rank=4, seed=4), 0.03)
+    cycle = [0, 1] * 12
+    lookup = NgramLookup.build([(cycle, [1] * len(cycle))], max_order=2, heldout_share=0.0)
+    prompt, rows, n_tokens = [1, 0, 0, 1], 3000, 8
+    ids = torch.tensor([prompt] * rows)
+    out = dspark_hf.generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=n_tokens, do_sample=True,
+                             temperature=0.9, policy="scheduled", sps=lambda b: 1.0 / (0.001 * (1.0 + 1e-6 * b)),
+                             measured_cost=False, online_calibration=False, lookup=lookup, generator=torch.Generator().manual_seed(7), record_rounds=True,
+                             return_dict_in_generate=True)
+    only = [r for r in out.rounds if r.lookup_only]
+    assert only and sum(int(r.lengths.sum()) for r in only) >= rows // 2  # lookup-only drafts verified
+    assert sum(int((r.lengths - r.accepted).sum()) for r in only) > 0.1 * rows  # and many rejected
+    new = out.sequences[:, len(prompt):]
+    weights = torch.tensor([2 ** (n_tokens - 1 - i) for i in range(n_tokens)])
+    empirical = torch.bincount((new * weights).sum(1), minlength=2 ** n_tokens).float() / rows
+    exact = exact_joint(target, prompt, n_tokens, 0.9, None, None)
+    expected_tv = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (math.pi * rows)).sum().item()
+    assert 0.5 * (empirical - exact).abs().sum().item() < 2.5 * expected_tv
 
 
 # ------------------------------------------------------------------------------------------------ options

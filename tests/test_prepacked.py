@@ -27,6 +27,24 @@ def test_matches_linear_up_to_rounding(bias, rows):
     assert packed.weight is linear.weight and packed.bias is linear.bias
 
 
+def test_a_single_row_takes_the_plain_matrix_vector_path(monkeypatch):
+    """One row (a plain decoding step at batch 1) runs `F.linear` (bitwise its output) and never packs the weight;
+    two rows run the packed kernel."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    packed = PrepackedLinear(linear)
+    calls = []
+    original = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or original(*a))
+    with torch.no_grad():
+        for shape in [(1, 64), (1, 1, 64)]:
+            x = torch.randn(shape)
+            assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
+        assert not calls and packed._packed is None
+        packed(torch.randn(1, 2, 64))
+    assert calls and packed._packed is not None
+
+
 def test_weight_updates_are_seen():
     linear = nn.Linear(16, 8)
     packed = PrepackedLinear(linear)

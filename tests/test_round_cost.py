@@ -339,3 +339,27 @@ def test_over_confident_estimates_stop_buying_verification(target):
     accepted = sum(s.accepted for s in runs[False].stats)
     assert accepted < 0.5 * verified[False]  # the untrained drafter's drafts are mostly rejected ...
     assert verified[True] < 0.6 * verified[False]  # ... and the calibrated policy stops paying for them
+
+
+def test_a_drafting_round_pays_only_if_it_beats_the_lookup_round_it_replaced():
+    """`LengthPolicy.pays(alternative=)`, by hand: R = 1, a flat cost curve of 10 ms per forward, 5 ms measured
+    overhead of which 4 ms is the drafter. A round with one draft of survival 0.9 expects 1.9 tokens per 15 ms
+    (127/s) against plain decoding's 1 per 11 ms (91/s): it pays. Against a lookup-only round with the same draft at
+    11 ms (1.9 / 11 ms = 173/s) it does not; against a lookup round with nothing to draft (91/s) it pays again."""
+    from dspark_hf.decoding.round_state import LengthPolicy, RoundClock
+    from dspark_hf.models.drafting import DraftBlock
+
+    clock = RoundClock(priced=True)
+    clock.add(0.005, 0.004)
+    policy = LengthPolicy("scheduled", 2, lambda b: torch.full_like(torch.as_tensor(b, dtype=torch.float), 100.0),
+                          0.5, clock, padded=True)
+
+    def block(conf):
+        c = torch.tensor([conf])
+        return DraftBlock(torch.zeros(1, 2, dtype=torch.long), logits=torch.zeros(1, 2, 4), confidences=c,
+                          confidence_logits=torch.logit(c.clamp(1e-6, 1 - 1e-6)))
+
+    drafted, lengths = block([0.9, 0.0]), torch.tensor([1])
+    assert policy.pays(drafted, lengths)
+    assert not policy.pays(drafted, lengths, alternative=block([0.9, 0.0]))
+    assert policy.pays(drafted, lengths, alternative=block([0.0, 0.0]))

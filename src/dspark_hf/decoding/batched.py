@@ -31,6 +31,12 @@ plan's check.
 transformers' assisted decoding verifies a chain only (one candidate sequence, a causal mask, a cache crop to a
 prefix), so `target.generate(assistant_model=drafter)` cannot take a tree.
 
+With an n-gram `lookup=`, step 1 also proposes each row's lookup continuation and keeps whichever source is expected
+to accept more; the rounds the idle backoff takes from the drafter draft from the lookup alone (lookup-only rounds:
+no drafter forward, about half a millisecond per row, `lookup_rounds=True`), and a drafting round counts as paying
+only if it beats the lookup-only round it replaced, so under load a drafter that adds nothing next to the lookup stops
+costing its forward while the lookup's drafts keep being verified where they pay.
+
 A round that verifies no draft (the idle backoff skipped the drafter, the policy chose l_r = 0 everywhere, or
 `speculate=False`) is a plain decoding step: one token per row, `verify`'s K = 0 path, no compaction check (nothing
 was rejected). `speculate=False` also asks the target for no hidden states and keeps no drafter context.
@@ -67,7 +73,7 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
 from transformers.utils import ModelOutput, logging
 
-from ..models.lookup import merge_lookup_drafts
+from ..models.lookup import lookup_block, merge_lookup_drafts
 from ..models.modeling_dspark import DSparkDrafter
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthClock, IdleBackoff, LengthPolicy,
                           MeasuredCost, OnlineCalibration, RoundClock, RoundRecord, RowOutputs, RowStats,
@@ -380,6 +386,7 @@ def generate(
     tree_budget: int | None = None,
     tree_max_children: int = 4,
     lookup: Any = None,
+    lookup_rounds: bool = True,
     padded_pricing: bool = True,
     measured_cost: bool = True,
     online_calibration: bool = True,
@@ -441,6 +448,14 @@ def generate(
             continuation of its sequence where that is expected to accept more (`lookup.merge_lookup_drafts`: a rule
             that never reads a sampled draft, point-mass draft distributions, calibrated estimates as confidences),
             then the policy picks lengths as usual. Chains only (not with `tree_budget`).
+        lookup_rounds: with `lookup` and the idle backoff: the rounds the backoff takes from the drafter draft from
+            the lookup alone (`lookup.lookup_block`: no drafter forward, about half a millisecond per row), priced
+            without the drafter's measured time, so that lookup drafts keep paying where the drafter does not. Such
+            rounds have their own backoff (`IdleBackoff`: after 2 that verified nothing, skip 2, 4, ... 32 rounds),
+            are not probes of the drafter, and are recorded with `RoundRecord.lookup_only`. A drafting round then
+            "pays" (for the idle backoff) only if it is also expected to beat the lookup-only round it replaced
+            (`LengthPolicy.pays(alternative=)`), so a drafter that adds nothing next to the lookup is backed off. Decided from past rounds
+            only: lossless either way. False: skipped rounds are plain decoding.
         padded_pricing: for "scheduled" / "async": price each verification forward as the rectangle it runs (every
             row padded to the widest: `scheduler.schedule_width`, `schedule_tree(padded=True)`), so the policy picks
             one width per round that pays for all rows. False: Algorithm 1's ragged pricing (B = sum of per-row
@@ -490,6 +505,9 @@ def generate(
     choose = LengthPolicy(policy, block_size, cost, threshold, clock, growth=growth, padded=padded_pricing,
                           calibration=OnlineCalibration() if priced and online_calibration else None)
     backoff = IdleBackoff(enabled=idle_backoff and priced)
+    lookup_backoff = IdleBackoff(enabled=True)  # (lookup-only rounds: skip lookups while they verify nothing)
+    lookup_only = lookup is not None and lookup_rounds and backoff.enabled
+    vocab_size = int(target.get_output_embeddings().weight.shape[0])
     branching = BranchBackoff(enabled=idle_backoff and priced and spec is not None and spec.budget > 0)
     criteria = settings.stopping_criteria(stopping_criteria)
     outputs = RowOutputs(input_ids, attention_mask, max_new_tokens=settings.max_new_tokens, started=started,
@@ -514,23 +532,36 @@ def generate(
         round_start = time.perf_counter()
         block, tree, width, draft_seconds, tree_seconds = None, None, 1, 0.0, 0.0
         drafting = None  # a planned tree round's `TreeDrafting` (for its growth timing)
-        if speculate and spec is None and not backoff.skip():  # (a skipped round is plain decoding: nothing to choose)
+        skipped = speculate and backoff.skip()  # (a skipped round is plain decoding, or lookup drafts alone)
+        from_lookup = skipped and lookup_only and not lookup_backoff.skip()
+        if from_lookup:  # a lookup-only round: no drafter forward, priced without the drafter's time
+            proposals = [lookup.propose(outputs.sequence(r), block_size, min_survival=lookup.negligible_survival)
+                         for r in rows.ids.tolist()]
+            block = lookup_block(proposals, block_size, vocab_size, device=device)
+            lengths = choose.lengths(block, rows.ids, with_drafter=False)
+            lookup_backoff.observe(int(lengths.max()) > 0)
+            lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
+            width = 1 + int(lengths.max())
+        elif speculate and spec is None and not skipped:
             draft_start = time.perf_counter()
             block = drafter.draft(rows.context, rows.anchors.to(drafter.device),
                                   anchor_positions=rows.next_pos.to(drafter.device), sampling=sampling,
                                   generator=generator)
+            alternative = None  # what a lookup-only round would draft instead (what the drafter must beat)
             if lookup is not None:
                 width = block.tokens.shape[1]
                 proposals = [lookup.propose(outputs.sequence(r), width, min_survival=lookup.negligible_survival)
                              for r in rows.ids.tolist()]
                 block, _ = merge_lookup_drafts(block, proposals, sampling.do_sample)
+                if lookup_only:
+                    alternative = lookup_block(proposals, width, vocab_size)
             draft_seconds = time.perf_counter() - draft_start
             lengths = choose.lengths(block, rows.ids)
             if backoff.enabled:
-                backoff.observe(choose.pays(block, lengths))
+                backoff.observe(choose.pays(block, lengths, alternative))
             lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
             width = 1 + int(lengths.max())
-        elif speculate and spec is not None and not backoff.skip():  # tree drafts: the same round over nodes
+        elif speculate and spec is not None and not skipped:  # tree drafts: the same round over nodes
             draft_start = time.perf_counter()
             round_spec = branching.spec(spec)  # chains only while recent trees verified no branch
             if planned:  # the chain exactly as drafter.draft, then growth while the plan says it pays
@@ -629,9 +660,9 @@ def generate(
 
         # emit: cut at EOS / stopping criteria / max_new_tokens, stream, count; finished rows go next round
         if record_rounds:
-            records.append(_round_record(rows.ids, block, tree, spec, lengths, result))
+            records.append(_round_record(rows.ids, block, tree, spec, lengths, result, from_lookup))
         finished = outputs.emit(rows.ids, result.tokens, result.num_new, lengths, result.num_accepted)
-        if block is not None:  # the per-round overhead the cost curve does not see: all but the target's forward
+        if block is not None and not from_lookup:  # the per-round overhead the cost curve does not see: all but the target's forward
             # (a planned round that grew: less its tree work, which the growth clock measures and prices per step)
             clock.add(time.perf_counter() - round_start - verify_seconds - tree_seconds, draft_seconds)
             if drafting is not None and tree is not None:
@@ -648,14 +679,14 @@ def generate(
 
 
 def _round_record(ids: torch.Tensor, block: Any, tree: Any, spec: TreeSpec | None, lengths: torch.Tensor,
-                  result: Any) -> RoundRecord:
+                  result: Any, lookup_only: bool = False) -> RoundRecord:
     """The round's `RoundRecord`; for tree drafts the chain fields count the chain's nodes (see `RoundRecord`)."""
-    confidence_logits = (None if block is None or block.confidence_logits is None
+    confidence_logits = (None if block is None or block.confidence_logits is None or lookup_only
                          else block.confidence_logits.float().cpu())
     if spec is None or block is None or not isinstance(block, DraftTree):
         record = RoundRecord(rows=ids.clone(), lengths=lengths.cpu().clone(),
                              accepted=result.num_accepted.cpu().clone(), confidence_logits=confidence_logits,
-                             drafts=None if block is None else block.tokens.cpu().clone())
+                             drafts=None if block is None else block.tokens.cpu().clone(), lookup_only=lookup_only)
         if spec is not None and block is not None:  # a tree round that grew nothing: every verified node is the chain's
             record.tree_verified, record.tree_accepted = record.lengths.clone(), record.accepted.clone()
         return record

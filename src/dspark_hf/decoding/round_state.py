@@ -102,7 +102,8 @@ class RoundRecord:
     logits `[R, K]` (before STS; None without a confidence head or in a round that skipped the drafter), verify
     lengths `[R]`, accepted drafts `[R]` and the draft tokens `[R, K]` the drafter proposed (target ids, the whole
     block: only the first `lengths[r]` were verified and the first `accepted[r]` were emitted; None in a round that
-    skipped the drafter, e.g. by the idle backoff).
+    skipped the drafter, e.g. by the idle backoff). `lookup_only`: a round drafted by the n-gram lookup alone while
+    the drafter was backed off (`drafts` are the lookup's, `confidence_logits` None: they are not the drafter's).
 
     With tree drafts (`tree_budget=`) `lengths`, `accepted`, `drafts` and `confidence_logits` keep their meaning for
     the chain (verified chain drafts, chain drafts accepted before the accepted path leaves the chain: the labels
@@ -116,6 +117,7 @@ class RoundRecord:
     drafts: torch.Tensor | None = None
     tree_verified: torch.Tensor | None = None
     tree_accepted: torch.Tensor | None = None
+    lookup_only: bool = False
 
 
 class RowOutputs:
@@ -636,8 +638,10 @@ class LengthPolicy:
             mask = torch.arange(survival.shape[1])[None, :] < lengths[:, None]
             self.calibration.observe(survival, mask, accepted)
 
-    def lengths(self, block: DraftBlock, rows: torch.Tensor) -> torch.Tensor:
-        """`[R]` (CPU) lengths for this round's drafts of `rows` (original indices); reads past rounds only."""
+    def lengths(self, block: DraftBlock, rows: torch.Tensor, with_drafter: bool = True) -> torch.Tensor:
+        """`[R]` (CPU) lengths for this round's drafts of `rows` (original indices); reads past rounds only.
+        `with_drafter=False` prices a round that ran no drafter (lookup drafts alone): the measured overhead less
+        the drafter's mean time."""
         if self.name == "fixed":
             return fixed_lengths((len(rows), self.block_size))
         conf = block.confidences.detach().float().cpu()
@@ -645,7 +649,7 @@ class LengthPolicy:
             return threshold_lengths(conf, self.threshold)
         conf = self._conf(conf)
         stale = self.history.two_rounds_ago(rows) if self.name == "async" else None
-        cost = self.clock.cost(self.sps)
+        cost = self.clock.cost(self.sps, with_drafter=with_drafter)
         if stale is None:
             lengths = schedule_width(conf, cost) if self.padded else schedule_prefix(conf, cost)
         else:
@@ -703,17 +707,25 @@ class LengthPolicy:
                 > expected_tree_throughput(survival, torch.zeros_like(admitted),
                                            self.clock.cost(self.sps, with_drafter=False), padded=self.padded))
 
-    def pays(self, block: DraftBlock, lengths: torch.Tensor) -> bool:
+    def pays(self, block: DraftBlock, lengths: torch.Tensor, alternative: DraftBlock | None = None) -> bool:
         """Whether drafting this round is expected to beat plain decoding once the drafter's own time is priced: False
-        when no row verifies a draft; with a measured overhead, a comparison of expected throughputs."""
+        when no row verifies a draft; with a measured overhead, a comparison of expected throughputs.
+
+        `alternative`: what the round would have drafted without the drafter (the lookup's drafts alone, when the
+        rounds the backoff skips are lookup-only rounds). The drafter then pays only if its round also beats that
+        one, priced without the drafter's time at its own best lengths; otherwise backing it off loses nothing."""
         if int(lengths.max()) == 0:
             return False
         if not self.clock.measured or block.confidences is None:
             return True
         conf, lengths = self._conf(block.confidences), lengths.cpu()
-        return (expected_throughput(conf, lengths, self.clock.cost(self.sps), padded=self.padded)
-                > expected_throughput(conf, torch.zeros_like(lengths), self.clock.cost(self.sps, with_drafter=False),
-                                      padded=self.padded))
+        plain_cost = self.clock.cost(self.sps, with_drafter=False)
+        baseline = expected_throughput(conf, torch.zeros_like(lengths), plain_cost, padded=self.padded)
+        if alternative is not None and alternative.confidences is not None:
+            other = self._conf(alternative.confidences)
+            best = schedule_width(other, plain_cost) if self.padded else schedule_prefix(other, plain_cost)
+            baseline = max(baseline, expected_throughput(other, best, plain_cost, padded=self.padded))
+        return expected_throughput(conf, lengths, self.clock.cost(self.sps), padded=self.padded) > baseline
 
 
 @dataclass

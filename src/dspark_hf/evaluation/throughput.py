@@ -46,10 +46,12 @@ __all__ = [
 
 logger = logging.get_logger(__name__)
 
-POLICY_NAMES = ("none", "fixed", "threshold", "scheduled", "async", "scheduled-ragged")
+POLICY_NAMES = ("none", "fixed", "threshold", "scheduled", "async", "scheduled-ragged", "scheduled-plain-skips")
 """`none` is transformers' own batched `generate()`; `scheduled-ragged` is "scheduled" as the paper's Algorithm 1
 prices it (B = the sum of per-row lengths, a profiled curve only: `padded_pricing=False, measured_cost=False`), the
-reference for what pricing the padded forward and correcting the curve with timed forwards change."""
+reference for what pricing the padded forward and correcting the curve with timed forwards change;
+`scheduled-plain-skips` is "scheduled" whose rounds skipped by the idle backoff are plain decoding even with a lookup
+(`lookup_rounds=False`), the reference for what lookup-only rounds change."""
 DEFAULT_POLICIES = POLICY_NAMES[:5]
 
 
@@ -166,6 +168,8 @@ def _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, thresho
         variant = {}
         if policy == "scheduled-ragged":
             policy, variant = "scheduled", dict(padded_pricing=False, measured_cost=False)
+        elif policy == "scheduled-plain-skips":
+            policy, variant = "scheduled", dict(lookup_rounds=False)
         out = generate(target, drafter, ids, mask, max_new_tokens=max_new_tokens, policy=policy, sps=sps,
                        threshold=threshold, do_sample=do_sample, eos_token_id=[], return_dict_in_generate=True,
                        generator=torch.Generator().manual_seed(seed), lookup=lookup, **variant)

@@ -39,7 +39,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
-__all__ = ["LookupProposal", "NgramLookup", "merge_lookup_drafts"]
+__all__ = ["LookupProposal", "NgramLookup", "lookup_block", "merge_lookup_drafts"]
 
 _P = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier of the polynomial window hash (arithmetic wraps mod 2^64)
 _PURITY_BUCKETS = 5
@@ -501,3 +501,29 @@ def merge_lookup_drafts(block, proposals: Sequence[LookupProposal], do_sample: b
     merged = DraftBlock(new_tokens, logits=logits, confidences=new_conf, confidence_logits=conf_logits,
                         sparse_logits=sparse)
     return merged, used
+
+
+def lookup_block(proposals: Sequence[LookupProposal], width: int, vocab_size: int, device=None):
+    """A `DraftBlock` `[R, width]` made of lookup proposals alone (the batched loop's lookup-only rounds, which run
+    no drafter): row r carries its proposal's tokens (then its last one repeated up to `width`; a row without a
+    proposal carries token 0), point-mass draft distributions (as `SparseLogits`, so nothing vocabulary-sized is
+    built) and the calibrated estimates as confidences, 0 past the proposal so that no schedule verifies those slots.
+    """
+    import torch
+
+    from .drafting import DraftBlock, SparseLogits
+
+    if width < 1:
+        raise ValueError(f"width must be >= 1, got {width}")
+    rows = len(proposals)
+    tokens = torch.zeros(rows, width, dtype=torch.long)
+    conf = torch.zeros(rows, width)
+    for r, p in enumerate(proposals):
+        n = min(len(p.tokens), width)
+        if n:
+            tokens[r] = torch.tensor(p.tokens[:n] + [p.tokens[n - 1]] * (width - n))
+            conf[r, :n] = torch.tensor(p.acceptance[:n])
+    tokens, conf = tokens.to(device), conf.to(device)
+    sparse = SparseLogits(torch.zeros(rows, width, 1, device=device), tokens[..., None], int(vocab_size))
+    return DraftBlock(tokens, confidences=conf, confidence_logits=torch.logit(conf.clamp(1e-6, 1 - 1e-6)),
+                      sparse_logits=sparse)

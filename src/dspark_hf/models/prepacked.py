@@ -5,8 +5,11 @@ On the CPUs this package is measured on, a target forward of 2-8 new tokens cost
 2+ tokens it becomes a GEMM that repacks every weight matrix on every call. Speculative decoding always verifies 2+
 tokens, so it starts every round with that penalty. oneDNN's linear with weights packed once
 (`torch.ops.mkldnn._reorder_linear_weight` / `_linear_pointwise`, the kernels `torch.compile` freezing uses on a CPU)
-skips the repacking: measured on the whole SmolLM2 forward, 2-8 tokens then cost 1.1-1.5x one token and one token
-costs what it did (`scripts/bench_lookup.py` prints the curve of the machine it runs on).
+skips the repacking: measured on the whole SmolLM2 forward, 2-8 tokens then cost 1.1-1.5x one token
+(`scripts/bench_lookup.py` prints the curve of the machine it runs on). A single row (one token at batch 1) keeps
+PyTorch's matrix-vector path: on some CPUs the packed kernel is slower there (one AVX-512 Xeon: 73-76 ms per
+one-token SmolLM2 forward packed vs 62 ms plain, while 8 tokens took 95 ms packed vs 130 ms plain), on others it is
+the same, so plain decoding steps never lose to the packing.
 
 `prepack_linears(model)` swaps every `nn.Linear` of a CPU model for a `PrepackedLinear` that keeps the original
 parameter as `weight` (shared, so tied embeddings, `get_output_embeddings()` and a drafter bound to the target still
@@ -71,6 +74,8 @@ class PrepackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)  # training, other devices or dtypes: the plain path
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
+        if flat.shape[0] == 1:  # one row: PyTorch's matrix-vector path streams the weight once, nothing to repack
+            return F.linear(x, self.weight, self.bias)
         if not flat.is_contiguous():
             flat = flat.contiguous()
         bias = None if self.bias is None else self.bias.detach()
