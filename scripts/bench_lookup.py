@@ -19,6 +19,8 @@ Methods (`packed` = `dspark_hf.prepack_linears` applied to a copy of the target)
                       nothing pays), packed
   lookup              n-gram lookup drafts only (`assistant_model=LookupAssistant(lookup, target, sps=...)`), packed
   lookup+dspark       lookup drafts first, the drafter where they do not pay, packed
+  lookup/all-packed   `lookup` on a copy packed with `one_row_plain=False` (single-token forwards use the packed
+                      kernel too, as before that option existed) and its own cost curve: the A/B of that option
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from dspark_hf.testbed.targets import load_target
 from dspark_hf.training.data import chat_prompt_ids
 
 ALL_METHODS = ["target-only/packed", "prompt-lookup", "prompt-lookup/packed", "dspark", "dspark+sps", "lookup",
-               "lookup+dspark"]
+               "lookup+dspark", "lookup/all-packed"]
 DRAFTER_METHODS = ("dspark", "dspark+sps", "lookup+dspark")
 DEFAULT_DATA = {"smollm2-135m-instruct": "data/smollm2-135m-12k,data/smollm2-135m",
                 "qwen2.5-coder-0.5b-instruct": "data/qwen2.5-coder-0.5b"}
@@ -91,6 +93,14 @@ def main() -> None:
     print("batch-1 cost curve, packed target (ms per forward of B new tokens): "
           + ", ".join(f"{b}: {1000 * s:.1f} ({s / curve[1]:.2f}x)" for b, s in curve.items()), flush=True)
 
+    allpacked, sps_all = None, None
+    if "lookup/all-packed" in methods:
+        allpacked = copy.deepcopy(target)
+        prepack_linears(allpacked, one_row_plain=False)
+        sps_all = dspark_hf.profile_batch1_sps(allpacked, repeats=5)
+        print("batch-1 cost curve, all-packed target (ms): " + ", ".join(
+            f"{b}: {1000 / float(sps_all.steps_per_second(b)):.1f}" for b in widths), flush=True)
+
     n = args.max_new_tokens
 
     def gen(model, **kw):
@@ -108,9 +118,15 @@ def main() -> None:
         "lookup": gen(packed, assistant_model=dspark_hf.LookupAssistant(lookup, packed, sps=sps)),
         "lookup+dspark": assisted(lookup=lookup, sps=sps),
     }
+    if allpacked is not None:
+        runners["lookup/all-packed"] = gen(allpacked, assistant_model=dspark_hf.LookupAssistant(lookup, allpacked,
+                                                                                                  sps=sps_all))
     counts = {"target": [0], "packed": [0]}
     hooks = [target.register_forward_pre_hook(lambda *_: counts["target"].__setitem__(0, counts["target"][0] + 1)),
              packed.register_forward_pre_hook(lambda *_: counts["packed"].__setitem__(0, counts["packed"][0] + 1))]
+    if allpacked is not None:  # (its forwards count with the packed copy's)
+        hooks.append(allpacked.register_forward_pre_hook(
+            lambda *_: counts["packed"].__setitem__(0, counts["packed"][0] + 1)))
 
     def timed(run, x):
         before = counts["target"][0] + counts["packed"][0]

@@ -121,6 +121,10 @@ SECTIONS = [
     ("tree/load_priced_c64_decode.md", "Trees with growth priced vs the chain at concurrency 64 (issue 13)",
      "python scripts/bench_tree.py load --concurrency 64 --budget 8 --max-new-tokens 24 --repeats 1 --threads 1 "
      "--label priced_c64_decode"),
+    ("tree/load_padded.md", "Trees vs the chain under load with the padded pricing and the measured cost curve of the "
+     "scheduled policy, prepacked target, prompts cut to their last 256 tokens (issue 13)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 8 --max-new-tokens 32 "
+     "--repeats 2 --prepack --max-prompt-len 256 --threads 1 --label padded"),
     ("training_smollm2_fullvocab/training.md",
      "Full vs reduced (8,192) draft vocabulary at an equal training budget, long-run recipe (issue 14 part 1)",
      "RUNS=/work/runs STOP=100 bash scripts/train_ablations.sh fullvocab && dspark-hf training-report "
@@ -209,6 +213,12 @@ SECTIONS = [
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/lookup.safetensors && python scripts/bench_lookup.py "
      "--out results/lookup_smollm2 --lookup src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/"
      "lookup.safetensors --prompts 3 --max-new-tokens 64"),
+    ("lookup_smollm2_one_row/results.md",
+     "Prepacked linears with PyTorch's matrix-vector path for one row (`one_row_plain=True`, the default) vs packing "
+     "every call (`lookup/all-packed`), lookup drafts at batch 1, same run (issue 14)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup.py --lookup "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/lookup.safetensors --prompts 3 --methods "
+     "target-only/packed prompt-lookup/packed lookup lookup/all-packed --out results/lookup_smollm2_one_row"),
     ("lookup_qwen2.5-coder-0.5b/results.md",
      "Qwen2.5-Coder-0.5B-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only and prompt "
      "lookup (issue 14 part 5)",

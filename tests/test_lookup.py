@@ -193,6 +193,29 @@ def test_greedy_with_lookup_drafts_equals_target_and_uses_them(use_drafter, sps)
     assert drafter.assist_options is None  # set_assist() restored the default
 
 
+def test_batch1_online_calibration_stops_verifying_over_confident_lookup_drafts():
+    """A lookup that memorised sequences the target does not write is confident (held-out rate ~1) and wrong: with
+    `online_calibration` (the default) its estimates are scaled down by what past rounds accepted, so far fewer drafts
+    are verified; without it every round verifies its long proposals. Output identical either way."""
+    target = make_target("llama", vocab_size=96, seed=0)
+    cycle = [5, 6, 7, 8, 9] * 12
+    lookup = NgramLookup.build([(cycle, [1] * len(cycle))] * 20, max_order=4, heldout_share=0.5,
+                               ids=[str(i) for i in range(20)])
+    ids = torch.tensor([[5, 6, 7, 8]])
+    ref = greedy_continuation(target, ids, 30)
+    flat = lambda b: 1.0 / (1.0 + 0.15 * b)  # noqa: E731  (each draft adds ~13% to a forward)
+    verified = {}
+    for calibrated in (False, True):
+        assistant = LookupAssistant(lookup, target, sps=flat)
+        assistant.options.online_calibration = calibrated
+        out = target.generate(ids, assistant_model=assistant, max_new_tokens=30, do_sample=False)
+        assert torch.equal(out[:, ids.shape[1]:], ref)
+        verified[calibrated] = assistant.last_speculation_stats
+    off, on = verified[False], verified[True]
+    assert sum(on.proposed) < 0.5 * sum(off.proposed), (sum(on.proposed), sum(off.proposed))
+    assert sum(off.accepted) < 0.3 * sum(off.proposed)  # the drafts were indeed mostly wrong
+
+
 @pytest.mark.parametrize("sps", [None, "curve"])
 def test_lookup_assistant_without_a_drafter_equals_target_greedy(sps):
     target = make_target("llama", vocab_size=96, seed=0)
@@ -440,7 +463,8 @@ def test_batched_sampling_with_lookup_only_rounds_matches_the_target_distributio
     ids = torch.tensor([prompt] * rows)
     out = dspark_hf.generate(target, drafter, ids, torch.ones_like(ids), max_new_tokens=n_tokens, do_sample=True,
                              temperature=0.9, policy="scheduled", sps=lambda b: 1.0 / (0.001 * (1.0 + 1e-6 * b)),
-                             measured_cost=False, online_calibration=False, lookup=lookup, generator=torch.Generator().manual_seed(7), record_rounds=True,
+                             measured_cost=False, online_calibration=False, lookup=lookup,
+                             generator=torch.Generator().manual_seed(7), record_rounds=True,
                              return_dict_in_generate=True)
     only = [r for r in out.rounds if r.lookup_only]
     assert only and sum(int(r.lengths.sum()) for r in only) >= rows // 2  # lookup-only drafts verified

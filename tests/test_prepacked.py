@@ -42,7 +42,12 @@ def test_a_single_row_takes_the_plain_matrix_vector_path(monkeypatch):
             assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
         assert not calls and packed._packed is None
         packed(torch.randn(1, 2, 64))
-    assert calls and packed._packed is not None
+        assert calls and packed._packed is not None
+        calls.clear()
+        always = PrepackedLinear(linear, one_row_plain=False)  # the option: every call packed
+        x = torch.randn(1, 64)
+        torch.testing.assert_close(always(x), F.linear(x, linear.weight, linear.bias), atol=1e-5, rtol=1e-5)
+    assert calls
 
 
 def test_weight_updates_are_seen():

@@ -363,3 +363,61 @@ def test_a_drafting_round_pays_only_if_it_beats_the_lookup_round_it_replaced():
     assert policy.pays(drafted, lengths)
     assert not policy.pays(drafted, lengths, alternative=block([0.9, 0.0]))
     assert policy.pays(drafted, lengths, alternative=block([0.0, 0.0]))
+    # a lookup-only round with the same draft: 11 ms plus its proposals' time
+    assert policy.pays(drafted, lengths, lookup_seconds=0.001)  # 1.9 / 12 ms = 158/s > 91/s
+    assert not policy.pays(drafted, lengths, lookup_seconds=0.015)  # 1.9 / 26 ms = 73/s < 91/s
+
+
+def test_costly_probes_start_longer_skips():
+    """`IdleBackoff.observe(min_skip=)` starts a skip at least that long (then doubles, capped at 32; 0 = never
+    skip), and `LengthPolicy.probe_skip` asks for floor(probe / (5% x plain round)):
+    a 4 ms drafter next to a 10 ms forward plus 1 ms of other overhead is 4 / (0.05 x 11) -> 7 rounds; 2 before
+    anything was measured."""
+    from dspark_hf.decoding.round_state import IdleBackoff, LengthPolicy, RoundClock
+
+    backoff = IdleBackoff(enabled=True)
+    backoff.observe(False, min_skip=8)
+    assert backoff.skip_left == 0  # one failed round: no skip yet
+    backoff.observe(False, min_skip=8)
+    assert (backoff.skip_left, backoff.skip_len) == (8, 16)
+    backoff.skip_left = 0
+    cheap = IdleBackoff(enabled=True)  # a probe under 5% of a round: never skipped
+    for _ in range(4):
+        cheap.observe(False, min_skip=0)
+        assert not cheap.skip()
+    backoff.observe(False, min_skip=100)
+    assert (backoff.skip_left, backoff.skip_len) == (32, 32)
+    backoff.observe(True)
+    assert (backoff.streak, backoff.skip_len) == (0, 2)
+
+    clock = RoundClock(priced=True)
+    policy = LengthPolicy("scheduled", 4, lambda b: torch.full_like(torch.as_tensor(b, dtype=torch.float), 100.0),
+                          0.5, clock)
+    assert policy.probe_skip(rows=4) == 2
+    clock.add(0.005, 0.004)
+    assert policy.probe_skip(rows=4) == 7
+    assert policy.probe_skip(rows=4, share=1.0) == 0
+    assert policy.probe_skip(rows=4, probe_seconds=0.0005) == 0  # a cheap probe (lookup proposals): never skipped
+    assert policy.probe_skip(rows=4, probe_seconds=0.0112) == 20
+
+
+def test_lookup_only_rounds_keep_their_own_calibration():
+    """A drafter whose rounds accept nothing shrinks its own estimates, not the lookup-only rounds' (kept apart, so
+    they go on verifying the lookup's drafts), and lookup-only rounds feed only their own factor."""
+    from dspark_hf.decoding.round_state import LengthPolicy, OnlineCalibration, RoundClock
+    from dspark_hf.models.drafting import DraftBlock
+
+    # 4 rows: a plain forward 12 ms, one draft per row 14 ms, two 16 ms; a first draft pays above survival 1/6
+    policy = LengthPolicy("scheduled", 2, lambda b: 1.0 / (0.01 * (1.0 + 0.05 * torch.as_tensor(b, dtype=torch.float))),
+                          0.5, RoundClock(priced=True), padded=True, calibration=OnlineCalibration(),
+                          lookup_calibration=OnlineCalibration())
+    conf = torch.full((4, 2), 0.9)
+    block = DraftBlock(torch.zeros(4, 2, dtype=torch.long), logits=torch.zeros(4, 2, 3), confidences=conf,
+                       confidence_logits=torch.logit(conf))
+    for _ in range(3):
+        policy.observe(block, torch.full((4,), 2), torch.zeros(4, dtype=torch.long))  # drafter rounds: all rejected
+    assert policy.calibration.kappa < 0.2 and policy.lookup_calibration.kappa == 1.0
+    assert int(policy.lengths(block, torch.arange(4)).max()) == 0  # the drafter's estimates no longer pay
+    assert int(policy.lengths(block, torch.arange(4), with_drafter=False).max()) == 2  # the lookup's still do
+    policy.observe(block, torch.full((4,), 2), torch.full((4,), 2), lookup_only=True)
+    assert policy.lookup_calibration.kappa > 1.0 and policy.calibration.kappa < 0.2

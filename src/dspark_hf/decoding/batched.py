@@ -425,14 +425,16 @@ def generate(
             (`round_state.GrowthClock`), so that branches are grown, and verified, only where they pay (module
             docstring); False grows every tree to `tree_budget` as far as its candidates allow.
         idle_backoff: for "scheduled" / "async": after 2 consecutive rounds that did not pay for drafting, skip the
-            drafter for the next rounds (plain decoding through the same loop; the drafter's context is still
-            updated), then draft again to probe; the skip doubles (2, 4, ... 32 rounds) while probes keep not paying
-            and resets when one pays. A round does not pay when the policy verified no draft in any row or, with
-            `count_round_overhead`, when its expected throughput (calibrated confidences, cost curve plus the
-            measured per-round overhead) is below plain decoding's (cost curve plus the overhead without the
-            drafter's measured time). Decided from past rounds only, so the output is exactly the same as without it
-            (lossless either way); it only saves the drafter's cost under load. With trees the same rule also drafts
-            chains alone after tree rounds that verified no node off the chain (`round_state.BranchBackoff`).
+            drafter for the next rounds (plain decoding through the same loop; the drafter's context is still updated),
+            then draft again to probe; the skip doubles (2, 4, ... 32 rounds) while probes keep not paying and resets
+            when one pays. A skip starts no shorter than what keeps a failed probe within 5% of the skipped rounds' time
+            (`LengthPolicy.probe_skip`: the drafter's measured time over a plain round's), so costly drafter forwards
+            under load are probed rarely. A round does not pay when the policy verified no draft in any row or, with
+            `count_round_overhead`, when its expected throughput (calibrated confidences, cost curve plus the measured
+            per-round overhead) is below plain decoding's (cost curve plus the overhead without the drafter's measured
+            time). Decided from past rounds only, so the output is exactly the same as without it (lossless either way);
+            it only saves the drafter's cost under load. With trees the same rule also drafts chains alone after tree
+            rounds that verified no node off the chain (`round_state.BranchBackoff`).
         speculate: False runs the same loop with no drafts at all: one target forward per token, no hidden states,
             no drafter context (`drafter` may be None; `policy` and `sps` are not used). The output equals plain
             decoding's; it is the speed reference of the loop itself (what the idle backoff's skipped rounds cost).
@@ -448,14 +450,16 @@ def generate(
             continuation of its sequence where that is expected to accept more (`lookup.merge_lookup_drafts`: a rule
             that never reads a sampled draft, point-mass draft distributions, calibrated estimates as confidences),
             then the policy picks lengths as usual. Chains only (not with `tree_budget`).
-        lookup_rounds: with `lookup` and the idle backoff: the rounds the backoff takes from the drafter draft from
-            the lookup alone (`lookup.lookup_block`: no drafter forward, about half a millisecond per row), priced
-            without the drafter's measured time, so that lookup drafts keep paying where the drafter does not. Such
-            rounds have their own backoff (`IdleBackoff`: after 2 that verified nothing, skip 2, 4, ... 32 rounds),
-            are not probes of the drafter, and are recorded with `RoundRecord.lookup_only`. A drafting round then
-            "pays" (for the idle backoff) only if it is also expected to beat the lookup-only round it replaced
-            (`LengthPolicy.pays(alternative=)`), so a drafter that adds nothing next to the lookup is backed off. Decided from past rounds
-            only: lossless either way. False: skipped rounds are plain decoding.
+        lookup_rounds: with `lookup` and the idle backoff: the rounds the backoff takes from the drafter draft from the
+            lookup alone (`lookup.lookup_block`: no drafter forward, about half a millisecond per row), priced without
+            the drafter's measured time, so that lookup drafts keep paying where the drafter does not. Such rounds have
+            their own backoff (`IdleBackoff`: after 2 that did not pay, their proposals' measured time priced, skip 2,
+            4, ... 32 rounds, starting no shorter than what keeps the proposals within 5% of the skipped rounds' time,
+            and never where they cost less than that), are not probes of the drafter, and are recorded with
+            `RoundRecord.lookup_only`. A drafting round then "pays" (for the idle backoff) only if it is also expected
+            to beat the lookup-only round it replaced (`LengthPolicy.pays(alternative=)`), so a drafter that adds
+            nothing next to the lookup is backed off. Decided from past rounds only: lossless either way. False: skipped
+            rounds are plain decoding.
         padded_pricing: for "scheduled" / "async": price each verification forward as the rectangle it runs (every
             row padded to the widest: `scheduler.schedule_width`, `schedule_tree(padded=True)`), so the policy picks
             one width per round that pays for all rows. False: Algorithm 1's ragged pricing (B = sum of per-row
@@ -503,9 +507,11 @@ def generate(
     planned = clock.priced and spec is not None and spec.budget > 0 and plans_growth(drafter)
     growth = GrowthClock(priced=planned)
     choose = LengthPolicy(policy, block_size, cost, threshold, clock, growth=growth, padded=padded_pricing,
-                          calibration=OnlineCalibration() if priced and online_calibration else None)
+                          calibration=OnlineCalibration() if priced and online_calibration else None,
+                          lookup_calibration=OnlineCalibration() if priced and online_calibration else None)
     backoff = IdleBackoff(enabled=idle_backoff and priced)
-    lookup_backoff = IdleBackoff(enabled=True)  # (lookup-only rounds: skip lookups while they verify nothing)
+    # lookup-only rounds skip their proposals while they do not pay, only where those cost > 5% of a round
+    lookup_backoff = IdleBackoff(enabled=True)
     lookup_only = lookup is not None and lookup_rounds and backoff.enabled
     vocab_size = int(target.get_output_embeddings().weight.shape[0])
     branching = BranchBackoff(enabled=idle_backoff and priced and spec is not None and spec.budget > 0)
@@ -535,11 +541,14 @@ def generate(
         skipped = speculate and backoff.skip()  # (a skipped round is plain decoding, or lookup drafts alone)
         from_lookup = skipped and lookup_only and not lookup_backoff.skip()
         if from_lookup:  # a lookup-only round: no drafter forward, priced without the drafter's time
+            lookup_start = time.perf_counter()
             proposals = [lookup.propose(outputs.sequence(r), block_size, min_survival=lookup.negligible_survival)
                          for r in rows.ids.tolist()]
             block = lookup_block(proposals, block_size, vocab_size, device=device)
             lengths = choose.lengths(block, rows.ids, with_drafter=False)
-            lookup_backoff.observe(int(lengths.max()) > 0)
+            lookup_seconds = time.perf_counter() - lookup_start
+            lookup_backoff.observe(choose.pays(block, lengths, lookup_seconds=lookup_seconds),
+                                   min_skip=choose.probe_skip(len(rows), probe_seconds=lookup_seconds))
             lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
             width = 1 + int(lengths.max())
         elif speculate and spec is None and not skipped:
@@ -558,7 +567,7 @@ def generate(
             draft_seconds = time.perf_counter() - draft_start
             lengths = choose.lengths(block, rows.ids)
             if backoff.enabled:
-                backoff.observe(choose.pays(block, lengths, alternative))
+                backoff.observe(choose.pays(block, lengths, alternative), min_skip=choose.probe_skip(len(rows)))
             lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
             width = 1 + int(lengths.max())
         elif speculate and spec is not None and not skipped:  # tree drafts: the same round over nodes
@@ -580,7 +589,7 @@ def generate(
                 chain = DraftTree.from_block(block)
                 admitted = choose.admit(chain, rows.ids)  # = schedule_prefix on a chain (async: one node history)
                 if backoff.enabled:
-                    backoff.observe(choose.tree_pays(chain, admitted))
+                    backoff.observe(choose.tree_pays(chain, admitted), min_skip=choose.probe_skip(len(rows)))
                 if round_spec.budget > 0:
                     branching.observe(False)
                 lengths = torch.minimum(admitted.sum(dim=1), outputs.remaining(rows.ids))
@@ -589,7 +598,8 @@ def generate(
                 admitted = choose.admit(drafted, rows.ids)
                 steps = drafting.steps if drafting is not None else 0
                 if backoff.enabled:
-                    backoff.observe(choose.tree_pays(drafted, admitted, growth_steps=steps))
+                    backoff.observe(choose.tree_pays(drafted, admitted, growth_steps=steps),
+                                    min_skip=choose.probe_skip(len(rows)))
                 if round_spec.budget > 0:
                     branching.observe(bool(admitted[:, drafted.num_chain:].any()))
                 admitted &= drafted.depths.cpu() <= outputs.remaining(rows.ids)[:, None]  # never past max_new_tokens
@@ -646,7 +656,7 @@ def generate(
                             pad_token_id=settings.pad_token_id)
 
         if width > 1:  # what the estimates of the verified drafts predicted against what was accepted
-            choose.observe(block, lengths if tree is None else admitted, result.num_accepted)
+            choose.observe(block, lengths if tree is None else admitted, result.num_accepted, lookup_only=from_lookup)
 
         # update caches: anchor + accepted drafts (path) become context of both caches; the rest stay holes
         if width == 1:
@@ -662,8 +672,9 @@ def generate(
         if record_rounds:
             records.append(_round_record(rows.ids, block, tree, spec, lengths, result, from_lookup))
         finished = outputs.emit(rows.ids, result.tokens, result.num_new, lengths, result.num_accepted)
-        if block is not None and not from_lookup:  # the per-round overhead the cost curve does not see: all but the target's forward
-            # (a planned round that grew: less its tree work, which the growth clock measures and prices per step)
+        if block is not None and not from_lookup:  # the per-round overhead the cost curve does not see: all but the
+            # target's forward (a planned round that grew: less its tree work, which the growth clock measures and
+            # prices per step; a lookup-only round is not a drafting round)
             clock.add(time.perf_counter() - round_start - verify_seconds - tree_seconds, draft_seconds)
             if drafting is not None and tree is not None:
                 growth.add(drafting.steps, drafting.step_seconds, tree_seconds - drafting.step_seconds)

@@ -27,6 +27,8 @@ Python pass over the rows per round (only stopping criteria and a streamer, whic
 
 from __future__ import annotations
 
+import math
+
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -604,6 +606,10 @@ class LengthPolicy:
             `schedule_tree(padded=True)`) instead of Algorithm 1's sum of per-row lengths.
         calibration: for "scheduled" / "async": the survival estimates corrected by what past rounds accepted
             (`OnlineCalibration`; None: the estimates as the drafter gives them).
+        lookup_calibration: the same for lookup-only rounds (`lookup_only=True`), kept apart: the lookup's estimates
+            are calibrated on held-out answers on their own, and a drafter whose first rounds accept nothing must not
+            shrink them (with one shared factor, those rounds stopped verifying anything and, verifying nothing,
+            never corrected it).
     """
 
     name: str
@@ -615,39 +621,43 @@ class LengthPolicy:
     growth: GrowthClock = field(default_factory=lambda: GrowthClock(priced=False))
     padded: bool = False
     calibration: OnlineCalibration | None = None
+    lookup_calibration: OnlineCalibration | None = None
 
-    def _conf(self, confidences: torch.Tensor) -> torch.Tensor:
+    def _conf(self, confidences: torch.Tensor, lookup_only: bool = False) -> torch.Tensor:
         conf = confidences.detach().float().cpu()
-        return conf if self.calibration is None else self.calibration.confidences(conf)
+        calibration = self.lookup_calibration if lookup_only else self.calibration
+        return conf if calibration is None else calibration.confidences(conf)
 
     def _survival(self, survival: torch.Tensor) -> torch.Tensor:
         survival = survival.detach().float().cpu()
         return survival if self.calibration is None else self.calibration.survival(survival)
 
-    def observe(self, block: Any, verified: torch.Tensor, accepted: torch.Tensor) -> None:
-        """After verification: feeds `calibration` with this round's estimates of the verified drafts (`verified`:
-        lengths `[R]` of a chain, or the `[R, N]` admitted nodes of a tree) and the accepted counts `[R]`."""
-        if self.calibration is None or block is None:
+    def observe(self, block: Any, verified: torch.Tensor, accepted: torch.Tensor, lookup_only: bool = False) -> None:
+        """After verification: feeds `calibration` (`lookup_calibration` for a lookup-only round) with this round's
+        estimates of the verified drafts (`verified`: lengths `[R]` of a chain, or the `[R, N]` admitted nodes of a
+        tree) and the accepted counts `[R]`."""
+        calibration = self.lookup_calibration if lookup_only else self.calibration
+        if calibration is None or block is None:
             return
         if isinstance(block, DraftTree):
             if block.survival is not None:
-                self.calibration.observe(block.survival.masked_fill(~block.valid, 0.0), verified, accepted)
+                calibration.observe(block.survival.masked_fill(~block.valid, 0.0), verified, accepted)
         elif block.confidences is not None:
             survival = prefix_survival(block.confidences.detach().float().cpu())
             lengths = verified.cpu()
             mask = torch.arange(survival.shape[1])[None, :] < lengths[:, None]
-            self.calibration.observe(survival, mask, accepted)
+            calibration.observe(survival, mask, accepted)
 
     def lengths(self, block: DraftBlock, rows: torch.Tensor, with_drafter: bool = True) -> torch.Tensor:
         """`[R]` (CPU) lengths for this round's drafts of `rows` (original indices); reads past rounds only.
-        `with_drafter=False` prices a round that ran no drafter (lookup drafts alone): the measured overhead less
-        the drafter's mean time."""
+        `with_drafter=False` is a lookup-only round (lookup drafts alone, no drafter): priced with the measured
+        overhead less the drafter's mean time, its estimates corrected by `lookup_calibration`."""
         if self.name == "fixed":
             return fixed_lengths((len(rows), self.block_size))
         conf = block.confidences.detach().float().cpu()
         if self.name == "threshold":
             return threshold_lengths(conf, self.threshold)
-        conf = self._conf(conf)
+        conf = self._conf(conf, lookup_only=not with_drafter)
         stale = self.history.two_rounds_ago(rows) if self.name == "async" else None
         cost = self.clock.cost(self.sps, with_drafter=with_drafter)
         if stale is None:
@@ -707,25 +717,46 @@ class LengthPolicy:
                 > expected_tree_throughput(survival, torch.zeros_like(admitted),
                                            self.clock.cost(self.sps, with_drafter=False), padded=self.padded))
 
-    def pays(self, block: DraftBlock, lengths: torch.Tensor, alternative: DraftBlock | None = None) -> bool:
+    def probe_skip(self, rows: int, probe_seconds: float | None = None, share: float = 0.05) -> int:
+        """The shortest idle-backoff skip that keeps a failed probe within `share` of the time the skipped rounds
+        take: ceil(probe seconds / (share x a plain round's seconds at `rows` rows)), the plain round priced on the
+        cost curve plus the measured overhead less the drafter; the probe is the drafter's mean measured time unless
+        `probe_seconds` is given (a lookup-only round's proposals). Under load a drafter forward is a large fraction
+        of a round (64 rows: its LM head over 64 x K slots), so probing every few rounds is what costs the most when
+        nothing pays. 2 (the doubling schedule's start) before a round has been measured; 0 for a free probe."""
+        if not self.clock.measured:
+            return 2
+        probe = self.clock.drafting / self.clock.rounds if probe_seconds is None else float(probe_seconds)
+        if probe <= 0.0:
+            return 0
+        plain = self.clock.cost(self.sps, with_drafter=False)
+        seconds = 1.0 / float(torch.as_tensor(plain.steps_per_second(torch.tensor([int(rows)]))).reshape(-1)[0])
+        return math.floor(probe / (share * seconds))
+
+    def pays(self, block: DraftBlock, lengths: torch.Tensor, alternative: DraftBlock | None = None,
+             lookup_seconds: float | None = None) -> bool:
         """Whether drafting this round is expected to beat plain decoding once the drafter's own time is priced: False
         when no row verifies a draft; with a measured overhead, a comparison of expected throughputs.
 
         `alternative`: what the round would have drafted without the drafter (the lookup's drafts alone, when the
         rounds the backoff skips are lookup-only rounds). The drafter then pays only if its round also beats that
-        one, priced without the drafter's time at its own best lengths; otherwise backing it off loses nothing."""
+        one, priced without the drafter's time at its own best lengths; otherwise backing it off loses nothing.
+        `lookup_seconds`: this is a lookup-only round, priced without the drafter's time but with its proposals'
+        measured seconds (under load, 64 rows' proposals are a sizeable share of a round)."""
         if int(lengths.max()) == 0:
             return False
+        lookup_only = lookup_seconds is not None
         if not self.clock.measured or block.confidences is None:
             return True
-        conf, lengths = self._conf(block.confidences), lengths.cpu()
+        conf, lengths = self._conf(block.confidences, lookup_only=lookup_only), lengths.cpu()
         plain_cost = self.clock.cost(self.sps, with_drafter=False)
         baseline = expected_throughput(conf, torch.zeros_like(lengths), plain_cost, padded=self.padded)
         if alternative is not None and alternative.confidences is not None:
-            other = self._conf(alternative.confidences)
+            other = self._conf(alternative.confidences)  # (the same correction as the round it is compared with)
             best = schedule_width(other, plain_cost) if self.padded else schedule_prefix(other, plain_cost)
             baseline = max(baseline, expected_throughput(other, best, plain_cost, padded=self.padded))
-        return expected_throughput(conf, lengths, self.clock.cost(self.sps), padded=self.padded) > baseline
+        cost = WithRoundOverhead(plain_cost, float(lookup_seconds)) if lookup_only else self.clock.cost(self.sps)
+        return expected_throughput(conf, lengths, cost, padded=self.padded) > baseline
 
 
 @dataclass
@@ -739,6 +770,10 @@ class IdleBackoff:
         streak: consecutive drafting rounds that did not pay.
         skip_left: plain rounds left in the current skip.
         skip_len: the length of the next skip.
+
+    A probe that costs less than `LengthPolicy.probe_skip`'s share of a round (`min_skip=0`: the lookup-only rounds'
+    proposals at a few rows) is never skipped; a costly one (a drafter forward under load) starts its skips at
+    `min_skip` rounds.
     """
 
     MAX_SKIP: ClassVar[int] = 32
@@ -755,14 +790,16 @@ class IdleBackoff:
             return True
         return False
 
-    def observe(self, pays: bool) -> None:
-        """Records whether a drafting round paid."""
+    def observe(self, pays: bool, min_skip: int = 2) -> None:
+        """Records whether a drafting round paid. `min_skip`: the shortest skip to start (capped at `MAX_SKIP`), so
+        that a costly probe is amortised over enough skipped rounds (`LengthPolicy.probe_skip`)."""
         if pays:
             self.streak, self.skip_len = 0, 2
             return
         self.streak += 1
-        if self.streak >= 2:
-            self.skip_left, self.skip_len = self.skip_len, min(2 * self.skip_len, self.MAX_SKIP)
+        if self.streak >= 2 and int(min_skip) > 0:
+            skip = max(self.skip_len, min(int(min_skip), self.MAX_SKIP))
+            self.skip_left, self.skip_len = skip, min(2 * skip, self.MAX_SKIP)
 
 
 @dataclass

@@ -145,6 +145,10 @@ class AssistOptions:
         drafter_backoff: with `sps`, after n drafter rounds in a row whose schedule verified nothing, skip the drafter
             for the next min(2^n - 1, 8) rounds (plain steps, or lookup drafts where they pay): the drafter's own
             cost is not paid where its drafts keep not paying. Decided from past rounds only.
+        online_calibration: with `sps`, scale each source's survival estimates (lookup drafts, drafter drafts) by
+            kappa = (accepted + 2) / (predicted + 2) over its last 16 verified rounds in this call (`_Kappa`, as the
+            batched loop's `OnlineCalibration`), so over-confident estimates on prompts unlike the training data stop
+            buying verification that does not pay. Past rounds only: lossless either way.
     """
 
     lookup: Any = None
@@ -153,6 +157,7 @@ class AssistOptions:
     sps: Any = None
     min_survival: float = 0.3
     drafter_backoff: bool = True
+    online_calibration: bool = True
     _cost_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -199,6 +204,24 @@ class AssistOptions:
         """Drafter drafts to verify from their confidences `[K]` (prefix survival = cumulative product)."""
         survival = torch.cumprod(confidences.float(), 0).tolist()
         return self._best_length(survival, exhaustive) if survival else 0
+
+
+@dataclass
+class _Kappa:
+    """How far one draft source's survival estimates over- or under-predicted what the target accepted in this call:
+    (accepted + prior) / (predicted + prior) over its last `window` verified rounds (1 before any)."""
+
+    window: int = 16
+    prior: float = 2.0
+    history: list = field(default_factory=list)
+
+    @property
+    def value(self) -> float:
+        return (sum(a for _, a in self.history) + self.prior) / (sum(p for p, _ in self.history) + self.prior)
+
+    def observe(self, predicted: float, accepted: int) -> None:
+        if predicted > 0:
+            self.history = (self.history + [(float(predicted), float(accepted))])[-self.window:]
 
 
 @dataclass
@@ -280,6 +303,9 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.stats = SpeculationStats()
         self._proposed = 0
         self.assist = assist
+        calibrated = assist.online_calibration and assist.sps is not None
+        self._kappa = {"lookup": _Kappa(), "drafter": _Kappa()} if calibrated else None
+        self._pending: tuple[str, list[float]] | None = None  # (source, uncorrected survival of the proposed drafts)
         self._vocab_size = int(target.get_output_embeddings().weight.shape[0])  # the target's logits width
         if assist.lookup is not None:
             assist.lookup.check_vocab(self._vocab_size)
@@ -333,7 +359,12 @@ class DSparkCandidateGenerator(CandidateGenerator):
         elif assist.sps is not None and block.confidences is not None:
             # Algorithm 1 on this row's confidences and the target's cost curve. Greedy output does not depend on
             # which drafts are verified, so it searches the whole curve; sampling keeps the break (Appendix A).
-            keep = assist.drafter_length(block.confidences[0, : tokens.shape[1]], exhaustive=not self.do_sample)
+            conf = block.confidences[0, : tokens.shape[1]].float().cpu()
+            self._pending = ("drafter", torch.cumprod(conf, 0).tolist())
+            if self._kappa is not None:  # the first confidence scaled: every prefix survival scaled by kappa
+                conf = conf.clone()
+                conf[:1] = (conf[:1] * self._kappa["drafter"].value).clamp(0.0, 1.0)
+            keep = assist.drafter_length(conf, exhaustive=not self.do_sample)
             tokens, logits = tokens[:, :keep], None if logits is None else logits[:, :keep]
             if assist.drafter_backoff:  # (decided from past rounds only: never from this round's draws)
                 self._idle_rounds = self._idle_rounds + 1 if keep == 0 else 0
@@ -351,7 +382,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
         assist = self.assist
         proposal = assist.lookup.propose(input_ids[0].tolist(), min(assist.lookup_max_tokens, budget),
                                          min_survival=assist.lookup.negligible_survival)
-        keep = assist.lookup_length(proposal.survival)
+        survival = proposal.survival
+        if self._kappa is not None:
+            kappa = self._kappa["lookup"].value
+            survival = [min(1.0, a * kappa) for a in survival]
+        keep = assist.lookup_length(survival)
         if keep <= 0:
             return None
         tokens = torch.tensor([proposal.tokens[:keep]], dtype=input_ids.dtype, device=input_ids.device)
@@ -360,6 +395,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if keep <= 0:
             return None
         self._proposed = keep
+        self._pending = ("lookup", proposal.survival)
         self.stats.lookup_rounds += 1
         return torch.cat([input_ids, tokens[:, :keep]], dim=-1), None if logits is None else logits[:, :keep]
 
@@ -431,7 +467,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
         if self._proposed > 0:
             self.stats.accepted.append(int(num_matches))
             self.stats.proposed.append(self._proposed)
+            if self._kappa is not None and self._pending is not None:
+                source, survival = self._pending
+                self._kappa[source].observe(sum(survival[: self._proposed]), int(num_matches))
         self._proposed = 0
+        self._pending = None
 
 
 class LookupCandidateGenerator(DSparkCandidateGenerator):

@@ -43,10 +43,13 @@ class PrepackedLinear(nn.Module):
     Attributes:
         weight, bias: the original module's parameters (shared, not copied).
         in_features, out_features: as `nn.Linear`.
+        one_row_plain: a single input row takes `F.linear` (PyTorch's matrix-vector path) instead of the packed
+            kernel (default True; False packs every call, the behaviour before this option existed).
     """
 
-    def __init__(self, linear: nn.Linear) -> None:
+    def __init__(self, linear: nn.Linear, one_row_plain: bool = True) -> None:
         super().__init__()
+        self.one_row_plain = bool(one_row_plain)
         weight = linear.weight
         if weight.device.type != "cpu":
             raise ValueError(f"prepacked linears run on the CPU only; this weight is on {weight.device}")
@@ -74,7 +77,7 @@ class PrepackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)  # training, other devices or dtypes: the plain path
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if flat.shape[0] == 1:  # one row: PyTorch's matrix-vector path streams the weight once, nothing to repack
+        if flat.shape[0] == 1 and self.one_row_plain:  # one row: PyTorch's matrix-vector path, nothing to repack
             return F.linear(x, self.weight, self.bias)
         if not flat.is_contiguous():
             flat = flat.contiguous()
@@ -86,10 +89,11 @@ class PrepackedLinear(nn.Module):
         return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
 
 
-def prepack_linears(model: nn.Module) -> int:
+def prepack_linears(model: nn.Module, one_row_plain: bool = True) -> int:
     """Replaces every `nn.Linear` of `model` (a CPU model in float32 or bfloat16) by a `PrepackedLinear`, in place;
-    returns how many were replaced. `ValueError` for a model on another device or in another dtype, or a PyTorch
-    build without oneDNN."""
+    returns how many were replaced. `one_row_plain`: single-row inputs (plain decoding at batch 1) keep PyTorch's
+    matrix-vector path (see the module docstring). `ValueError` for a model on another device or in another dtype,
+    or a PyTorch build without oneDNN."""
     if not prepacked_available():
         raise ValueError("this PyTorch build has no oneDNN packed linear (torch.ops.mkldnn._linear_pointwise)")
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
@@ -99,7 +103,7 @@ def prepack_linears(model: nn.Module) -> int:
             raise ValueError(f"prepack_linears needs a CPU model in float32 or bfloat16; found a linear with "
                              f"{child.weight.dtype} weights on {child.weight.device}")
     for parent, name, child in linears:
-        setattr(parent, name, PrepackedLinear(child))
+        setattr(parent, name, PrepackedLinear(child, one_row_plain=one_row_plain))
     return len(linears)
 
 
