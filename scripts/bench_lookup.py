@@ -19,6 +19,7 @@ Methods (`packed` = `dspark_hf.prepack_linears` applied to a copy of the target)
                       nothing pays), packed
   lookup              n-gram lookup drafts only (`assistant_model=LookupAssistant(lookup, target, sps=...)`), packed
   lookup+dspark       lookup drafts first, the drafter where they do not pay, packed
+  lookup/uncalibrated `lookup` without the online correction of its estimates (`online_calibration=False`), packed
   lookup/all-packed   `lookup` on a copy packed with `one_row_plain=False` (single-token forwards use the packed
                       kernel too, as before that option existed) and its own cost curve: the A/B of that option
 """
@@ -45,7 +46,7 @@ from dspark_hf.testbed.targets import load_target
 from dspark_hf.training.data import chat_prompt_ids
 
 ALL_METHODS = ["target-only/packed", "prompt-lookup", "prompt-lookup/packed", "dspark", "dspark+sps", "lookup",
-               "lookup+dspark", "lookup/all-packed"]
+               "lookup+dspark", "lookup/all-packed", "lookup/uncalibrated"]
 DRAFTER_METHODS = ("dspark", "dspark+sps", "lookup+dspark")
 DEFAULT_DATA = {"smollm2-135m-instruct": "data/smollm2-135m-12k,data/smollm2-135m",
                 "qwen2.5-coder-0.5b-instruct": "data/qwen2.5-coder-0.5b"}
@@ -118,6 +119,9 @@ def main() -> None:
         "lookup": gen(packed, assistant_model=dspark_hf.LookupAssistant(lookup, packed, sps=sps)),
         "lookup+dspark": assisted(lookup=lookup, sps=sps),
     }
+    uncalibrated = dspark_hf.LookupAssistant(lookup, packed, sps=sps)
+    uncalibrated.options.online_calibration = False
+    runners["lookup/uncalibrated"] = gen(packed, assistant_model=uncalibrated)
     if allpacked is not None:
         runners["lookup/all-packed"] = gen(allpacked, assistant_model=dspark_hf.LookupAssistant(lookup, allpacked,
                                                                                                   sps=sps_all))

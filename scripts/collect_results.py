@@ -213,6 +213,12 @@ SECTIONS = [
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/lookup.safetensors && python scripts/bench_lookup.py "
      "--out results/lookup_smollm2 --lookup src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/"
      "lookup.safetensors --prompts 3 --max-new-tokens 64"),
+    ("lookup_smollm2_calibration/results.md",
+     "Lookup drafts at batch 1 with and without the online correction of their estimates "
+     "(`AssistOptions.online_calibration`), same run (issue 14)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup.py --lookup "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/lookup.safetensors --prompts 3 --methods lookup "
+     "lookup/uncalibrated --out results/lookup_smollm2_calibration"),
     ("lookup_smollm2_one_row/results.md",
      "Prepacked linears with PyTorch's matrix-vector path for one row (`one_row_plain=True`, the default) vs packing "
      "every call (`lookup/all-packed`), lookup drafts at batch 1, same run (issue 14)",

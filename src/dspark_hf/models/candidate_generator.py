@@ -148,7 +148,9 @@ class AssistOptions:
         online_calibration: with `sps`, scale each source's survival estimates (lookup drafts, drafter drafts) by
             kappa = (accepted + 2) / (predicted + 2) over its last 16 verified rounds in this call (`_Kappa`, as the
             batched loop's `OnlineCalibration`), so over-confident estimates on prompts unlike the training data stop
-            buying verification that does not pay. Past rounds only: lossless either way.
+            buying verification that does not pay. Past rounds only: lossless either way. Measured with lookup drafts
+            at batch 1 (`scripts/bench_lookup.py --methods lookup lookup/uncalibrated`): geo-mean 1.18x vs 1.15x
+            over target-only, MT-Bench 0.96x vs 0.89x.
     """
 
     lookup: Any = None
