@@ -432,7 +432,9 @@ def test_a_drafter_that_adds_nothing_next_to_the_lookup_is_backed_off():
     pay against plain decoding (the lookup's drafts do) but not against lookup-only rounds: with lookup-only rounds it
     is backed off and runs far fewer times; without them it drafts every round. Output identical either way."""
     target = make_target("llama", vocab_size=96, seed=0)
-    drafter = fixed_confidence_drafter(target, -6.0, block_size=4)
+    # 10 ms per draft: well above the 5% of a 20 ms round below which a probe is never skipped, well below what the
+    # memorised rows' lookup drafts earn, whatever else the machine runs
+    drafter = _slow(fixed_confidence_drafter(target, -6.0, block_size=4), 0.01)
     calls = []
     original = drafter.draft
     drafter.draft = lambda *a, **k: calls.append(1) or original(*a, **k)

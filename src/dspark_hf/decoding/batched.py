@@ -522,6 +522,10 @@ def generate(
     layer_ids = target_layer_ids(drafter) if speculate else None  # hidden states only for the drafter's context
     records: list[RoundRecord] = []
 
+    def lookup_proposals(width: int) -> list:  # each active row's lookup continuation of its sequence so far
+        return [lookup.propose(outputs.sequence(r), width, min_survival=lookup.negligible_survival)
+                for r in rows.ids.tolist()]
+
     # ---------------------------------------------------------------- prefill: prompts -> caches + first tokens
     rows, first = ActiveRows.prefill(target, drafter, input_ids, attention_mask, sampling, generator,
                                      context=speculate)
@@ -542,8 +546,7 @@ def generate(
         from_lookup = skipped and lookup_only and not lookup_backoff.skip()
         if from_lookup:  # a lookup-only round: no drafter forward, priced without the drafter's time
             lookup_start = time.perf_counter()
-            proposals = [lookup.propose(outputs.sequence(r), block_size, min_survival=lookup.negligible_survival)
-                         for r in rows.ids.tolist()]
+            proposals = lookup_proposals(block_size)
             block = lookup_block(proposals, block_size, vocab_size, device=device)
             lengths = choose.lengths(block, rows.ids, with_drafter=False)
             lookup_seconds = time.perf_counter() - lookup_start
@@ -559,8 +562,7 @@ def generate(
             alternative = None  # what a lookup-only round would draft instead (what the drafter must beat)
             if lookup is not None:
                 width = block.tokens.shape[1]
-                proposals = [lookup.propose(outputs.sequence(r), width, min_survival=lookup.negligible_survival)
-                             for r in rows.ids.tolist()]
+                proposals = lookup_proposals(width)
                 block, _ = merge_lookup_drafts(block, proposals, sampling.do_sample)
                 if lookup_only:
                     alternative = lookup_block(proposals, width, vocab_size)

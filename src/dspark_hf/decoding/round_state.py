@@ -28,7 +28,6 @@ Python pass over the rows per round (only stopping criteria and a streamer, whic
 from __future__ import annotations
 
 import math
-
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -719,7 +718,7 @@ class LengthPolicy:
 
     def probe_skip(self, rows: int, probe_seconds: float | None = None, share: float = 0.05) -> int:
         """The shortest idle-backoff skip that keeps a failed probe within `share` of the time the skipped rounds
-        take: ceil(probe seconds / (share x a plain round's seconds at `rows` rows)), the plain round priced on the
+        take: floor(probe seconds / (share x a plain round's seconds at `rows` rows)), the plain round priced on the
         cost curve plus the measured overhead less the drafter; the probe is the drafter's mean measured time unless
         `probe_seconds` is given (a lookup-only round's proposals). Under load a drafter forward is a large fraction
         of a round (64 rows: its LM head over 64 x K slots), so probing every few rounds is what costs the most when
