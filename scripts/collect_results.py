@@ -185,6 +185,14 @@ SECTIONS = [
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-plain-skips "
      "--concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
      "--out results/bench_smollm2_lookup_rounds_gsm"),
+    ("bench_smollm2_lazy_context_gsm/bench.md",
+     "The same command after the drafter's context became lazy (built only when a round drafts: "
+     "`ActiveRows.pending`) and a drafter costing half a plain round or more is backed off after one round that did "
+     "not pay (`IdleBackoff.IMPATIENT_SKIP`); a data-generation job shared the machine (issue 14)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-plain-skips "
+     "--concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
+     "--out results/bench_smollm2_lazy_context_gsm"),
     ("bench_smollm2_padded_gsm/bench.md",
      "Throughput vs concurrency with the padded pricing, the measured cost curve and the online calibration of the "
      "scheduled policy, against Algorithm 1's ragged pricing on the profiled curve (`scheduled-ragged`), same run "

@@ -211,6 +211,65 @@ def test_idle_backoff_skips_the_drafter_when_the_policy_verifies_nothing(policy)
     assert rounds == rounds_off and skipped == rounds - drafted and drafted <= 8 < rounds  # 2 + probes at 2, 4, 8, ...
 
 
+def _record_contexts(drafter, calls):
+    """Wraps `drafter.draft` / `append_context`: every draft records a copy of the context it was given (keys of the
+    first draft layer, validity, positions); `calls` counts both."""
+    draft, append = drafter.draft, drafter.append_context
+    seen = []
+
+    def recording_draft(cache, *a, **k):
+        calls["draft"] += 1
+        seen.append((cache.keys[0].clone(), cache.valid.clone(), cache.positions.clone()))
+        return draft(cache, *a, **k)
+
+    def counting_append(*a, **k):
+        calls["append"] += 1
+        return append(*a, **k)
+
+    drafter.draft, drafter.append_context = recording_draft, counting_append
+    return seen
+
+
+def test_drafter_context_is_built_only_when_a_round_drafts_and_equals_the_round_by_round_context(monkeypatch):
+    """The drafter's context is lazy: the verified tokens' target features wait until a round drafts, then go into
+    the drafter's cache in one `append_context` call. Under idle backoff (a drafter the policy never verifies) the
+    loop appends exactly once per drafting round, never in the skipped rounds; and every context a draft reads equals
+    (same columns, validity, positions; keys to float rounding) the one appended after every round, also after a row
+    finished (EOS) while the drafter was skipped (its pending features leave with it)."""
+    from dspark_hf.decoding.round_state import ActiveRows
+
+    target = make_target("llama")
+    drafter = fixed_confidence_drafter(target, -30.0, block_size=4)
+    prompts = [[5, 17, 33, 2], [40, 41, 42, 43, 44, 45], [9, 8, 7]]
+    eos = greedy_reference(target, prompts[1], 40)[11]  # row 1 stops after ~12 tokens, while the drafter is skipped
+    ids, mask = left_pad(prompts)
+    ref = [greedy_reference(target, p, 40, eos_token_id=eos) for p in prompts]
+    sps = lambda b: 1.0 / (0.01 * b)
+    runs = {}
+    for eager in (False, True):
+        if eager:  # the reference: the context appended after every round (what the loop did before)
+            advance = ActiveRows.advance
+            monkeypatch.setattr(ActiveRows, "advance",
+                                lambda self, *a, **k: (advance(self, *a, **k), self.drafter_context())[0])
+        calls = {"draft": 0, "append": 0}
+        seen = _record_contexts(drafter, calls)
+        out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=40, policy="scheduled", sps=sps,
+                                 eos_token_id=eos, record_rounds=True, return_dict_in_generate=True,
+                                 count_round_overhead=False)
+        assert generated_rows(out, ids.shape[1]) == ref
+        assert any(len(r.rows) < len(prompts) and r.confidence_logits is not None for r in out.rounds)
+        runs[eager] = (calls, seen, len(out.rounds))
+        del drafter.draft, drafter.append_context  # the instance attributes: back to the class's methods
+    (lazy_calls, lazy_seen, rounds), (eager_calls, eager_seen, _) = runs[False], runs[True]
+    assert 2 <= lazy_calls["draft"] < rounds // 2  # backed off: most rounds do not draft
+    assert lazy_calls["append"] == lazy_calls["draft"]  # one projection per drafting round, none in skipped rounds
+    assert eager_calls["append"] == rounds + 1  # prompt + every round
+    assert len(lazy_seen) == len(eager_seen) == lazy_calls["draft"]
+    for (k_lazy, v_lazy, p_lazy), (k_eager, v_eager, p_eager) in zip(lazy_seen, eager_seen):
+        assert torch.equal(v_lazy, v_eager) and torch.equal(p_lazy, p_eager)
+        assert torch.allclose(k_lazy, k_eager, atol=1e-5)
+
+
 def test_idle_backoff_skips_a_drafter_that_costs_more_than_it_is_expected_to_save():
     """Confidences ~1 make the policy verify the whole block, but the drafter takes 0.2 s against a 20 ms target
     forward: with its measured time priced in, drafting is expected to lose to plain decoding, so the loop backs off.

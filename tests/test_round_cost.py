@@ -370,7 +370,7 @@ def test_a_drafting_round_pays_only_if_it_beats_the_lookup_round_it_replaced():
 
 def test_costly_probes_start_longer_skips():
     """`IdleBackoff.observe(min_skip=)` starts a skip at least that long (then doubles, capped at 32; 0 = never
-    skip), and `LengthPolicy.probe_skip` asks for floor(probe / (5% x plain round)):
+    skip; from 10 on, after one failed round instead of two), and `LengthPolicy.probe_skip` asks for floor(probe / (5% x plain round)):
     a 4 ms drafter next to a 10 ms forward plus 1 ms of other overhead is 4 / (0.05 x 11) -> 7 rounds; 2 before
     anything was measured."""
     from dspark_hf.decoding.round_state import IdleBackoff, LengthPolicy, RoundClock
@@ -389,6 +389,12 @@ def test_costly_probes_start_longer_skips():
     assert (backoff.skip_left, backoff.skip_len) == (32, 32)
     backoff.observe(True)
     assert (backoff.streak, backoff.skip_len) == (0, 2)
+    costly = IdleBackoff(enabled=True)  # a drafter of half a plain round or more: one failed round suffices
+    costly.observe(False, min_skip=IdleBackoff.IMPATIENT_SKIP)
+    assert (costly.skip_left, costly.skip_len) == (10, 20)
+    just_below = IdleBackoff(enabled=True)
+    just_below.observe(False, min_skip=IdleBackoff.IMPATIENT_SKIP - 1)
+    assert just_below.skip_left == 0
 
     clock = RoundClock(priced=True)
     policy = LengthPolicy("scheduled", 4, lambda b: torch.full_like(torch.as_tensor(b, dtype=torch.float), 100.0),

@@ -425,7 +425,8 @@ def generate(
             (`round_state.GrowthClock`), so that branches are grown, and verified, only where they pay (module
             docstring); False grows every tree to `tree_budget` as far as its candidates allow.
         idle_backoff: for "scheduled" / "async": after 2 consecutive rounds that did not pay for drafting, skip the
-            drafter for the next rounds (plain decoding through the same loop; the drafter's context is still updated),
+            drafter for the next rounds (plain decoding through the same loop; the verified tokens' target features wait
+            for the drafter's next round, which projects them into its context in one call: `ActiveRows.pending`),
             then draft again to probe; the skip doubles (2, 4, ... 32 rounds) while probes keep not paying and resets
             when one pays. A skip starts no shorter than what keeps a failed probe within 5% of the skipped rounds' time
             (`LengthPolicy.probe_skip`: the drafter's measured time over a plain round's), so costly drafter forwards
@@ -556,7 +557,7 @@ def generate(
             width = 1 + int(lengths.max())
         elif speculate and spec is None and not skipped:
             draft_start = time.perf_counter()
-            block = drafter.draft(rows.context, rows.anchors.to(drafter.device),
+            block = drafter.draft(rows.drafter_context(), rows.anchors.to(drafter.device),
                                   anchor_positions=rows.next_pos.to(drafter.device), sampling=sampling,
                                   generator=generator)
             alternative = None  # what a lookup-only round would draft instead (what the drafter must beat)
@@ -576,13 +577,13 @@ def generate(
             draft_start = time.perf_counter()
             round_spec = branching.spec(spec)  # chains only while recent trees verified no branch
             if planned:  # the chain exactly as drafter.draft, then growth while the plan says it pays
-                drafting = TreeDrafting(drafter, rows.context, rows.anchors.to(drafter.device),
+                drafting = TreeDrafting(drafter, rows.drafter_context(), rows.anchors.to(drafter.device),
                                         anchor_positions=rows.next_pos.to(drafter.device), spec=round_spec,
                                         sampling=sampling, generator=generator)
                 draft_seconds = time.perf_counter() - draft_start  # the chain's drafting (what plain rounds skip)
                 drafted = drafting.grow(choose.growth_plan())  # None: no branch paid, nothing grown
             else:
-                drafted = draft_tree_for(drafter, rows.context, rows.anchors.to(drafter.device),
+                drafted = draft_tree_for(drafter, rows.drafter_context(), rows.anchors.to(drafter.device),
                                          anchor_positions=rows.next_pos.to(drafter.device), spec=round_spec,
                                          sampling=sampling, generator=generator)
                 draft_seconds = time.perf_counter() - draft_start

@@ -5,7 +5,9 @@ Each piece is a small typed object with the methods the loop calls, so that `gen
 * `ActiveRows`: the rows still decoding: their original indices, anchors (last emitted token, not yet in the target's
   cache), anchor positions, the mask over the target's cache columns, and both caches (target KV, drafter context).
   `prefill` builds it; `drop` removes finished rows, `compact_holes` squeezes masked columns out once there are more
-  than the hole budget, `advance` appends a verified round.
+  than the hole budget, `advance` appends a verified round. The drafter's context is lazy: the verified tokens' target
+  features wait in `pending` and are projected into the drafter's cache in one call when a round drafts
+  (`drafter_context`), so rounds that do not draft (idle backoff, lookup-only rounds) never pay for the drafter.
 * `RowOutputs`: the generated tokens of every row. `emit` appends a round's tokens cut at the first EOS, the first
   token on which a stopping criterion fires, or `max_new_tokens`; feeds the streamer; keeps the per-row `RowStats`;
   returns the finished mask.
@@ -273,13 +275,17 @@ class ActiveRows:
         kv_valid: `[R, T]` which columns of the target's cache each row attends to; the others are *holes*
             (left padding, rejected drafts, padding of short rows).
         cache: the target's `DynamicCache`.
-        context: the drafter's context cache (target hidden states of the verified tokens); None when the call never
-            drafts (`speculate=False`).
+        context: the drafter's context cache (target hidden states of the verified tokens, projected into the draft
+            layers' keys / values) up to the last round that drafted; None when the call never drafts
+            (`speculate=False`). Read it through `drafter_context()`, which first appends what is `pending`.
         drafter: the drafter that reads `context` (None without a context).
         peak_columns: the widest the target's cache has been (columns).
         num_valid: `[R]` valid columns per row (`kv_valid.sum(1)`), kept up to date without re-reducing `kv_valid`.
         spare: columns a compaction would drop (`T - max(num_valid)`); it only changes in rounds that reject drafts
             and when rows are dropped, so most rounds never look at the mask.
+        pending: the verified rounds (prompt included) not yet in `context`: `(features [R, W, m*d], positions [R, W],
+            kept [R, W])` each, rows aligned with the active rows. They cost far less memory than the target's own
+            cache of the same tokens (m*d numbers per token against 2 x layers x kv-heads x head-dim).
     """
 
     ids: torch.Tensor
@@ -292,14 +298,15 @@ class ActiveRows:
     peak_columns: int = 0
     num_valid: torch.Tensor | None = None
     spare: int = 0
+    pending: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = field(default_factory=list)
 
     @classmethod
     def prefill(cls, target: PreTrainedModel, drafter: DSparkDrafter | None, input_ids: torch.Tensor,
                 attention_mask: torch.Tensor, sampling: SamplingParams, generator: torch.Generator | None,
                 context: bool = True) -> tuple["ActiveRows", torch.Tensor]:
-        """Runs the target over the left-padded prompts, feeds the drafter their hidden states (unless `context` is
-        False: a call that never drafts) and picks every row's first token (greedy or sampled). Returns the rows'
-        state (anchors = the first tokens) and the first tokens."""
+        """Runs the target over the left-padded prompts, keeps their hidden states for the drafter's context (unless
+        `context` is False: a call that never drafts; projected at the first drafting round) and picks every row's
+        first token (greedy or sampled). Returns the rows' state (anchors = the first tokens) and the first tokens."""
         positions = (attention_mask.cumsum(-1) - 1).clamp(min=0)
         cache = DynamicCache()
         out = target(input_ids=input_ids, attention_mask=attention_mask, position_ids=positions, cache=cache,
@@ -310,18 +317,27 @@ class ActiveRows:
             first_tokens = torch.multinomial(torch.softmax(first, -1), 1, generator=generator).squeeze(1)
         else:
             first_tokens = first.argmax(-1)
-        ctx = None
-        if context:
-            ctx = drafter.new_cache()
-            drafter.append_context(ctx, drafter.context_features(out.hidden_states).to(drafter.device),
-                                   positions.to(drafter.device), attention_mask.bool().to(drafter.device))
         kv_valid = attention_mask.bool()
         num_valid = kv_valid.sum(dim=1)
         rows = cls(ids=torch.arange(input_ids.shape[0]), anchors=first_tokens, next_pos=attention_mask.sum(dim=1),
-                   kv_valid=kv_valid, cache=cache, context=ctx, drafter=drafter if context else None,
-                   peak_columns=kv_valid.shape[1], num_valid=num_valid,
+                   kv_valid=kv_valid, cache=cache, context=drafter.new_cache() if context else None,
+                   drafter=drafter if context else None, peak_columns=kv_valid.shape[1], num_valid=num_valid,
                    spare=kv_valid.shape[1] - int(num_valid.max()))
+        if context:
+            rows.pending.append((drafter.context_features(out.hidden_states), positions, kv_valid))
         return rows, first_tokens
+
+    def drafter_context(self) -> DSparkContextCache:
+        """The drafter's context cache with every verified token in it: appends the `pending` rounds in one
+        `append_context` call (one projection over all their columns) and returns `context`."""
+        if self.context is None:
+            raise ValueError("this call keeps no drafter context (speculate=False)")
+        if self.pending:
+            features, positions, kept = (torch.cat(parts, dim=1) for parts in zip(*self.pending))
+            self.pending = []
+            device = self.drafter.device
+            self.drafter.append_context(self.context, features.to(device), positions.to(device), kept.to(device))
+        return self.context
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -335,6 +351,7 @@ class ActiveRows:
             self.cache.batch_select_indices(keep.to(self.kv_valid.device))
             if self.context is not None:
                 self.context.select_rows(keep.to(self.drafter.device))
+                self.pending = [tuple(t.index_select(0, keep.to(t.device)) for t in part) for part in self.pending]
         self.ids, self.anchors, self.next_pos = self.ids[keep], self.anchors[keep], self.next_pos[keep]
         self.kv_valid = self.kv_valid[keep]
         self.num_valid = self.num_valid[keep.to(self.num_valid.device)]
@@ -347,7 +364,7 @@ class ActiveRows:
             return False
         self.kv_valid = compact_target_cache(self.cache, self.kv_valid)
         if self.context is not None:
-            self.context.compact()
+            self.drafter_context().compact()  # (pending columns first: compaction reorders all of them)
         self.spare = 0
         return True
 
@@ -355,7 +372,8 @@ class ActiveRows:
                 num_accepted: torch.Tensor, next_tokens: torch.Tensor) -> None:
         """After a verification forward over `positions` `[R, W]`: the columns in `kept` (anchor + accepted drafts)
         become context of the target's cache and, with their hidden states, of the drafter's (when there is a
-        drafter context); the rest stay holes. `next_tokens` (the correction / bonus token) become the anchors."""
+        drafter context: `pending` until a round drafts); the rest stay holes. `next_tokens` (the correction / bonus
+        token) become the anchors."""
         self.kv_valid = torch.cat([self.kv_valid, kept], dim=1)
         self.peak_columns = max(self.peak_columns, self.kv_valid.shape[1])
         if kept.shape[1] == 1:  # nothing to reject: every row keeps its anchor, `spare` is unchanged
@@ -364,9 +382,7 @@ class ActiveRows:
             self.num_valid = self.num_valid + kept.sum(dim=1)
             self.spare = self.kv_valid.shape[1] - int(self.num_valid.max())
         if self.context is not None:
-            device = self.drafter.device
-            self.drafter.append_context(self.context, self.drafter.context_features(hidden_states).to(device),
-                                        positions.to(device), kept.to(device))
+            self.pending.append((self.drafter.context_features(hidden_states), positions, kept))
         self.next_pos = self.next_pos + 1 + num_accepted
         self.anchors = next_tokens
 
@@ -760,8 +776,8 @@ class LengthPolicy:
 
 @dataclass
 class IdleBackoff:
-    """Skips the drafter while drafting does not pay: after 2 consecutive rounds that did not, the next `skip_len`
-    rounds are plain decoding; then one probe drafts again. `skip_len` doubles (2, 4, ... 32) while probes keep not
+    """Skips the drafter while drafting does not pay: after 2 consecutive rounds that did not (1 for a costly drafter,
+    below), the next `skip_len` rounds are plain decoding; then one probe drafts again. `skip_len` doubles (2, 4, ... 32) while probes keep not
     paying and resets when one pays. Decided from past rounds only, so the output does not change.
 
     Attributes:
@@ -772,10 +788,13 @@ class IdleBackoff:
 
     A probe that costs less than `LengthPolicy.probe_skip`'s share of a round (`min_skip=0`: the lookup-only rounds'
     proposals at a few rows) is never skipped; a costly one (a drafter forward under load) starts its skips at
-    `min_skip` rounds.
+    `min_skip` rounds. A drafter that costs half a plain round or more (`min_skip >= IMPATIENT_SKIP`: 64 rows on a
+    CPU, where its LM head over 64 x K slots is most of a target forward) is backed off after one round that did not
+    pay instead of two: confirming the verdict would cost another half round.
     """
 
     MAX_SKIP: ClassVar[int] = 32
+    IMPATIENT_SKIP: ClassVar[int] = 10  # min_skip at which one failed round suffices (probe >= 10 x 5% of a round)
 
     enabled: bool
     streak: int = 0
@@ -796,7 +815,8 @@ class IdleBackoff:
             self.streak, self.skip_len = 0, 2
             return
         self.streak += 1
-        if self.streak >= 2 and int(min_skip) > 0:
+        patience = 1 if int(min_skip) >= self.IMPATIENT_SKIP else 2
+        if self.streak >= patience and int(min_skip) > 0:
             skip = max(self.skip_len, min(int(min_skip), self.MAX_SKIP))
             self.skip_left, self.skip_len = skip, min(2 * skip, self.MAX_SKIP)
 

@@ -74,8 +74,8 @@ class _RowCache(DSparkContextCache):
     rows: list[int] | None = None
 
     def select_rows(self, index: torch.Tensor) -> None:
-        super().select_rows(index)
-        self.rows = [self.rows[i] for i in index.tolist()]
+        super().select_rows(index)  # (rows may be dropped before the first draft: `rows` None is the identity)
+        self.rows = index.tolist() if self.rows is None else [self.rows[i] for i in index.tolist()]
 
 
 class SimulatedDrafter(DSparkDrafter):
