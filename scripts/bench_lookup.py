@@ -22,6 +22,10 @@ Methods (`packed` = `dspark_hf.prepack_linears` applied to a copy of the target)
   lookup/uncalibrated `lookup` without the online correction of its estimates (`online_calibration=False`), packed
   lookup/all-packed   `lookup` on a copy packed with `one_row_plain=False` (single-token forwards use the packed
                       kernel too, as before that option existed) and its own cost curve: the A/B of that option
+  target-only/auto-rows, lookup/auto-rows
+                      the same on a copy packed with `plain_rows="auto"` (PyTorch's own linear path up to the row
+                      count where this CPU's packed kernel starts winning, measured on the whole model) and its own
+                      cost curve: the A/B of that option against `target-only/packed` / `lookup`
 """
 
 from __future__ import annotations
@@ -39,14 +43,14 @@ import dspark_hf
 from dspark_hf.evaluation.prompt_sets import load_prompt_set
 from dspark_hf.evaluation.side_by_side import assisted_runner, greedy_runner
 from dspark_hf.models.lookup import NgramLookup
-from dspark_hf.models.prepacked import prepack_linears
+from dspark_hf.models.prepacked import PrepackedLinear, prepack_linears
 from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenance
 from dspark_hf.testbed.release import load_release_drafter
 from dspark_hf.testbed.targets import load_target
 from dspark_hf.training.data import chat_prompt_ids
 
 ALL_METHODS = ["target-only/packed", "prompt-lookup", "prompt-lookup/packed", "dspark", "dspark+sps", "lookup",
-               "lookup+dspark", "lookup/all-packed", "lookup/uncalibrated"]
+               "lookup+dspark", "lookup/all-packed", "lookup/uncalibrated", "target-only/auto-rows", "lookup/auto-rows"]
 DRAFTER_METHODS = ("dspark", "dspark+sps", "lookup+dspark")
 DEFAULT_DATA = {"smollm2-135m-instruct": "data/smollm2-135m-12k,data/smollm2-135m",
                 "qwen2.5-coder-0.5b-instruct": "data/qwen2.5-coder-0.5b"}
@@ -102,6 +106,15 @@ def main() -> None:
         print("batch-1 cost curve, all-packed target (ms): " + ", ".join(
             f"{b}: {1000 / float(sps_all.steps_per_second(b)):.1f}" for b in widths), flush=True)
 
+    autorows, sps_auto = None, None
+    if any(m.endswith("/auto-rows") for m in methods):
+        autorows = copy.deepcopy(target)
+        prepack_linears(autorows, plain_rows="auto")
+        rows = next(m.plain_rows for m in autorows.modules() if isinstance(m, PrepackedLinear))
+        sps_auto = dspark_hf.profile_batch1_sps(autorows, repeats=5)
+        print(f"plain_rows='auto' measured {rows} on this CPU; batch-1 cost curve of that copy (ms): " + ", ".join(
+            f"{b}: {1000 / float(sps_auto.steps_per_second(b)):.1f}" for b in widths), flush=True)
+
     n = args.max_new_tokens
 
     def gen(model, **kw):
@@ -125,12 +138,17 @@ def main() -> None:
     if allpacked is not None:
         runners["lookup/all-packed"] = gen(allpacked, assistant_model=dspark_hf.LookupAssistant(lookup, allpacked,
                                                                                                   sps=sps_all))
+    if autorows is not None:
+        runners["target-only/auto-rows"] = gen(autorows)
+        runners["lookup/auto-rows"] = gen(autorows, assistant_model=dspark_hf.LookupAssistant(lookup, autorows,
+                                                                                              sps=sps_auto))
     counts = {"target": [0], "packed": [0]}
     hooks = [target.register_forward_pre_hook(lambda *_: counts["target"].__setitem__(0, counts["target"][0] + 1)),
              packed.register_forward_pre_hook(lambda *_: counts["packed"].__setitem__(0, counts["packed"][0] + 1))]
-    if allpacked is not None:  # (its forwards count with the packed copy's)
-        hooks.append(allpacked.register_forward_pre_hook(
-            lambda *_: counts["packed"].__setitem__(0, counts["packed"][0] + 1)))
+    for extra in (allpacked, autorows):  # (their forwards count with the packed copy's)
+        if extra is not None:
+            hooks.append(extra.register_forward_pre_hook(
+                lambda *_: counts["packed"].__setitem__(0, counts["packed"][0] + 1)))
 
     def timed(run, x):
         before = counts["target"][0] + counts["packed"][0]

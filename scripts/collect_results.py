@@ -233,6 +233,13 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 python scripts/bench_lookup.py --lookup "
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/lookup.safetensors --prompts 3 --methods "
      "target-only/packed prompt-lookup/packed lookup lookup/all-packed --out results/lookup_smollm2_one_row"),
+    ("lookup_smollm2_auto_rows/results.md",
+     "Prepacked linears with PyTorch's own path up to the row count where this CPU's packed kernel starts winning "
+     "(`plain_rows=\"auto\"`, measured on the whole model: 3 rows on this Xeon) vs one row (`target-only/packed`, "
+     "`lookup`), batch 1, same run; data generation shared the machine (issue 14)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup.py --lookup "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/lookup.safetensors --prompts 3 --methods "
+     "target-only/packed lookup target-only/auto-rows lookup/auto-rows --out results/lookup_smollm2_auto_rows"),
     ("lookup_qwen2.5-coder-0.5b/results.md",
      "Qwen2.5-Coder-0.5B-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only and prompt "
      "lookup (issue 14 part 5)",

@@ -8,7 +8,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import greedy_continuation, make_drafter, make_target
-from dspark_hf.models.prepacked import PrepackedLinear, prepack_linears, prepacked_available, unpack_linears
+from dspark_hf.models.prepacked import (PrepackedLinear, calibrate_plain_rows, prepack_linears, prepacked_available,
+                                        unpack_linears)
 
 pytestmark = pytest.mark.skipif(not prepacked_available(), reason="this PyTorch build has no oneDNN packed linear")
 
@@ -48,6 +49,59 @@ def test_a_single_row_takes_the_plain_matrix_vector_path(monkeypatch):
         x = torch.randn(1, 64)
         torch.testing.assert_close(always(x), F.linear(x, linear.weight, linear.bias), atol=1e-5, rtol=1e-5)
     assert calls
+
+
+def test_plain_rows_sends_inputs_of_up_to_that_many_rows_through_f_linear(monkeypatch):
+    """`plain_rows=3`: 1-3 rows (however batched) are bitwise `F.linear`, 4 rows take the packed kernel; 0 packs one
+    row too; bad values are refused."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    packed = PrepackedLinear(linear, plain_rows=3)
+    calls = []
+    original = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda *a: calls.append(1) or original(*a))
+    with torch.no_grad():
+        for shape in [(1, 64), (3, 64), (1, 3, 64), (3, 1, 64)]:
+            x = torch.randn(shape)
+            assert torch.equal(packed(x), F.linear(x, linear.weight, linear.bias))
+        assert not calls and packed.one_row_plain
+        x = torch.randn(1, 4, 64)
+        torch.testing.assert_close(packed(x), F.linear(x, linear.weight, linear.bias), atol=1e-5, rtol=1e-5)
+        assert len(calls) == 1
+        none = PrepackedLinear(linear, plain_rows=0)
+        none(torch.randn(1, 64))
+        assert len(calls) == 2 and not none.one_row_plain
+    for bad in (-1, 1.5, True, "many"):
+        with pytest.raises(ValueError, match="plain_rows"):
+            PrepackedLinear(linear, plain_rows=bad)
+
+
+def test_calibrate_plain_rows_finds_where_the_packed_kernel_starts_winning():
+    """The crossover from (synthetic) whole-model timings: plain faster up to 3 rows -> 3; packed faster from one row
+    -> 0; plain faster everywhere -> max_rows; a faster plain size after a slower one does not count. The modules'
+    setting is left as it was. On a real model it returns a row count and `prepack_linears(plain_rows="auto")` sets
+    it on every linear."""
+    target = make_target("llama", vocab_size=96, seed=0)
+    prepack_linears(target, plain_rows=2)
+
+    def synthetic(crossover, exceptions=()):
+        return lambda rows, plain: (1.0 if rows <= crossover or rows in exceptions else 2.0) if plain else 1.5
+
+    assert calibrate_plain_rows(target, measure=synthetic(3)) == 3
+    assert calibrate_plain_rows(target, measure=synthetic(0)) == 0
+    assert calibrate_plain_rows(target, max_rows=5, measure=synthetic(99)) == 5
+    assert calibrate_plain_rows(target, measure=synthetic(2, exceptions=(5,))) == 2
+    assert {m.plain_rows for m in target.modules() if isinstance(m, PrepackedLinear)} == {2}
+    measured = calibrate_plain_rows(target, max_rows=3, repeats=1)
+    assert 0 <= measured <= 3
+    other = make_target("llama", vocab_size=96, seed=0)
+    ids = torch.tensor([[5, 17, 33, 2, 8]])
+    ref = greedy_continuation(other, ids, 10)
+    prepack_linears(other, plain_rows="auto")
+    assert len({m.plain_rows for m in other.modules() if isinstance(m, PrepackedLinear)}) == 1
+    assert torch.equal(greedy_continuation(other, ids, 10), ref)
+    with pytest.raises(ValueError, match="prepacked"):
+        calibrate_plain_rows(make_target("llama", vocab_size=96, seed=0))
 
 
 def test_weight_updates_are_seen():

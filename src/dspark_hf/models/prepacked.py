@@ -11,6 +11,12 @@ PyTorch's matrix-vector path: on some CPUs the packed kernel is slower there (on
 one-token SmolLM2 forward packed vs 62 ms plain, while 8 tokens took 95 ms packed vs 130 ms plain), on others it is
 the same, so plain decoding steps never lose to the packing.
 
+Where the two kernels cross is the CPU's: on one AVX-512 Xeon PyTorch's own path was also faster for 2 and 3 rows
+(whole SmolLM2 forwards over a 200-token cache: 88 / 94 ms plain vs 104 / 113 ms packed) and slower from 4 rows on
+(126 vs 112 ms), while on an AMD EPYC the packed kernel already won at 2 rows. `plain_rows=N` sends inputs of up to N
+rows through `F.linear`; `plain_rows="auto"` measures the crossover on the whole model once
+(`calibrate_plain_rows`: forwards of 1..8 tokens both ways, interleaved, a few seconds for a 135M model).
+
 `prepack_linears(model)` swaps every `nn.Linear` of a CPU model for a `PrepackedLinear` that keeps the original
 parameter as `weight` (shared, so tied embeddings, `get_output_embeddings()` and a drafter bound to the target still
 see the same tensor) next to a packed copy used for the product. Outputs equal `F.linear`'s up to float rounding (a
@@ -22,11 +28,15 @@ the memory of the linear weights.
 
 from __future__ import annotations
 
+import statistics
+import time
+from typing import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PrepackedLinear", "prepack_linears", "prepacked_available", "unpack_linears"]
+__all__ = ["PrepackedLinear", "calibrate_plain_rows", "prepack_linears", "prepacked_available", "unpack_linears"]
 
 _DTYPES = (torch.float32, torch.bfloat16)
 
@@ -43,13 +53,14 @@ class PrepackedLinear(nn.Module):
     Attributes:
         weight, bias: the original module's parameters (shared, not copied).
         in_features, out_features: as `nn.Linear`.
-        one_row_plain: a single input row takes `F.linear` (PyTorch's matrix-vector path) instead of the packed
-            kernel (default True; False packs every call, the behaviour before this option existed).
+        plain_rows: inputs of at most this many rows take `F.linear` (PyTorch's own path; one row: its
+            matrix-vector product) instead of the packed kernel. 1 by default (`one_row_plain=True`); 0 packs every
+            call (`one_row_plain=False`, the behaviour before the option existed).
     """
 
-    def __init__(self, linear: nn.Linear, one_row_plain: bool = True) -> None:
+    def __init__(self, linear: nn.Linear, one_row_plain: bool = True, plain_rows: int | None = None) -> None:
         super().__init__()
-        self.one_row_plain = bool(one_row_plain)
+        self.plain_rows = _plain_rows(one_row_plain, plain_rows)
         weight = linear.weight
         if weight.device.type != "cpu":
             raise ValueError(f"prepacked linears run on the CPU only; this weight is on {weight.device}")
@@ -77,7 +88,7 @@ class PrepackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)  # training, other devices or dtypes: the plain path
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if flat.shape[0] == 1 and self.one_row_plain:  # one row: PyTorch's matrix-vector path, nothing to repack
+        if flat.shape[0] <= self.plain_rows:  # a few rows: PyTorch's own path (one row: matrix-vector)
             return F.linear(x, self.weight, self.bias)
         if not flat.is_contiguous():
             flat = flat.contiguous()
@@ -85,15 +96,83 @@ class PrepackedLinear(nn.Module):
         out = torch.ops.mkldnn._linear_pointwise(flat, self._pack(), bias, "none", [], "")
         return out.reshape(*shape[:-1], self.out_features)
 
+    @property
+    def one_row_plain(self) -> bool:
+        """Whether a single row takes PyTorch's matrix-vector path (`plain_rows >= 1`)."""
+        return self.plain_rows >= 1
+
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
+                f"plain_rows={self.plain_rows}")
 
 
-def prepack_linears(model: nn.Module, one_row_plain: bool = True) -> int:
+def _plain_rows(one_row_plain: bool, plain_rows: int | None) -> int:
+    if plain_rows is None:
+        return 1 if one_row_plain else 0
+    if isinstance(plain_rows, bool) or not isinstance(plain_rows, int) or plain_rows < 0:
+        raise ValueError(f"plain_rows must be a non-negative integer or 'auto', got {plain_rows!r}")
+    return plain_rows
+
+
+def _time_forward(model: nn.Module, rows: int, generator: torch.Generator) -> float:
+    """Seconds of one forward of `rows` random tokens (batch 1, no cache) through `model`."""
+    config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else model.config
+    ids = torch.randint(0, int(config.vocab_size), (1, rows), generator=generator)
+    with torch.no_grad():
+        start = time.perf_counter()
+        model(input_ids=ids, use_cache=False)
+        return time.perf_counter() - start
+
+
+def calibrate_plain_rows(model: nn.Module, max_rows: int = 8, repeats: int = 3,
+                         measure: Callable[[int, bool], float] | None = None) -> int:
+    """The largest N <= `max_rows` such that the whole model's forwards of 1..N tokens are at least as fast with
+    PyTorch's own linear path as with the packed kernel, measured on this CPU (0: the packed kernel wins already at
+    one row). Every size runs `repeats` times each way, interleaved, after a warm-up; the medians are compared.
+
+    `model` must already be prepacked (`prepack_linears`); its modules' `plain_rows` are restored afterwards.
+    `measure(rows, plain)` replaces the timing (seconds of one forward of `rows` tokens with every linear plain or
+    packed), e.g. for tests."""
+    modules = [m for m in model.modules() if isinstance(m, PrepackedLinear)]
+    if not modules:
+        raise ValueError("calibrate_plain_rows needs a prepacked model (prepack_linears) with at least one linear")
+    saved = [m.plain_rows for m in modules]
+    generator = torch.Generator().manual_seed(0)
+
+    def timed(rows: int, plain: bool) -> float:
+        if measure is not None:
+            return float(measure(rows, plain))
+        for m in modules:
+            m.plain_rows = rows if plain else 0
+        return _time_forward(model, rows, generator)
+
+    try:
+        times: dict[tuple[int, bool], list[float]] = {}
+        for rows in range(1, max_rows + 1):
+            timed(rows, False), timed(rows, True)  # warm-up (first calls of a shape)
+        for _ in range(repeats):
+            for rows in range(1, max_rows + 1):
+                for plain in (False, True):
+                    times.setdefault((rows, plain), []).append(timed(rows, plain))
+    finally:
+        for m, value in zip(modules, saved):
+            m.plain_rows = value
+    best = 0
+    for rows in range(1, max_rows + 1):
+        if statistics.median(times[(rows, True)]) > statistics.median(times[(rows, False)]):
+            break
+        best = rows
+    return best
+
+
+def prepack_linears(model: nn.Module, one_row_plain: bool = True, plain_rows: int | str | None = None) -> int:
     """Replaces every `nn.Linear` of `model` (a CPU model in float32 or bfloat16) by a `PrepackedLinear`, in place;
     returns how many were replaced. `one_row_plain`: single-row inputs (plain decoding at batch 1) keep PyTorch's
-    matrix-vector path (see the module docstring). `ValueError` for a model on another device or in another dtype,
-    or a PyTorch build without oneDNN."""
+    matrix-vector path (see the module docstring). `plain_rows`: inputs of up to this many rows keep PyTorch's path
+    (overrides `one_row_plain`); "auto" measures the crossover on this model and CPU (`calibrate_plain_rows`, a few
+    seconds). `ValueError` for a model on another device or in another dtype, or a PyTorch build without oneDNN."""
+    auto = plain_rows == "auto"
+    rows = _plain_rows(one_row_plain, None if auto else plain_rows)
     if not prepacked_available():
         raise ValueError("this PyTorch build has no oneDNN packed linear (torch.ops.mkldnn._linear_pointwise)")
     linears = [(parent, name, child) for parent in model.modules() for name, child in parent.named_children()
@@ -103,7 +182,12 @@ def prepack_linears(model: nn.Module, one_row_plain: bool = True) -> int:
             raise ValueError(f"prepack_linears needs a CPU model in float32 or bfloat16; found a linear with "
                              f"{child.weight.dtype} weights on {child.weight.device}")
     for parent, name, child in linears:
-        setattr(parent, name, PrepackedLinear(child, one_row_plain=one_row_plain))
+        setattr(parent, name, PrepackedLinear(child, plain_rows=rows))
+    if auto:
+        rows = calibrate_plain_rows(model)
+        for module in model.modules():
+            if isinstance(module, PrepackedLinear):
+                module.plain_rows = rows
     return len(linears)
 
 
