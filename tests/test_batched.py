@@ -270,6 +270,30 @@ def test_drafter_context_is_built_only_when_a_round_drafts_and_equals_the_round_
         assert torch.allclose(k_lazy, k_eager, atol=1e-5)
 
 
+def test_the_prompts_context_projection_is_kept_out_of_the_per_round_drafting_cost(monkeypatch):
+    """The prompts' context is projected at the first drafting round (lazily), but it is a once-per-call cost like the
+    prefill: the round clock the policies price must not see it. A drafter whose projection of the prompts takes
+    0.3 s: the first round's measured drafting and overhead seconds stay far below that."""
+    import time
+
+    from dspark_hf.decoding.round_state import RoundClock
+
+    target = make_target("llama")
+    drafter = fixed_confidence_drafter(target, -30.0, block_size=4)
+    ids, mask = left_pad([[5, 17, 33, 2, 9, 9, 9, 9], [40, 41, 42, 43]])
+    append = drafter.append_context
+    drafter.append_context = lambda cache, features, *a, **k: (
+        time.sleep(0.3) if features.shape[1] == ids.shape[1] else None, append(cache, features, *a, **k))[1]
+    added = []
+    original = RoundClock.add
+    monkeypatch.setattr(RoundClock, "add", lambda self, o, d: added.append((o, d)) or original(self, o, d))
+    out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=6, policy="scheduled", sps=sps_curve,
+                             return_dict_in_generate=True)
+    del drafter.append_context
+    assert out.sequences.shape[1] == ids.shape[1] + 6
+    assert added and max(o for o, _ in added) < 0.15 and max(d for _, d in added) < 0.15
+
+
 def test_idle_backoff_skips_a_drafter_that_costs_more_than_it_is_expected_to_save():
     """Confidences ~1 make the policy verify the whole block, but the drafter takes 0.2 s against a 20 ms target
     forward: with its measured time priced in, drafting is expected to lose to plain decoding, so the loop backs off.

@@ -541,7 +541,7 @@ def generate(
             break
         rows.compact_holes(hole_budget)
         round_start = time.perf_counter()
-        block, tree, width, draft_seconds, tree_seconds = None, None, 1, 0.0, 0.0
+        block, tree, width, draft_seconds, tree_seconds, one_time = None, None, 1, 0.0, 0.0, 0.0
         drafting = None  # a planned tree round's `TreeDrafting` (for its growth timing)
         skipped = speculate and backoff.skip()  # (a skipped round is plain decoding, or lookup drafts alone)
         from_lookup = skipped and lookup_only and not lookup_backoff.skip()
@@ -567,7 +567,8 @@ def generate(
                 block, _ = merge_lookup_drafts(block, proposals, sampling.do_sample)
                 if lookup_only:
                     alternative = lookup_block(proposals, width, vocab_size)
-            draft_seconds = time.perf_counter() - draft_start
+            one_time = rows.pop_one_time_seconds()  # (the prompts' context projection: once per call, not per round)
+            draft_seconds = time.perf_counter() - draft_start - one_time
             lengths = choose.lengths(block, rows.ids)
             if backoff.enabled:
                 backoff.observe(choose.pays(block, lengths, alternative), min_skip=choose.probe_skip(len(rows)))
@@ -580,13 +581,16 @@ def generate(
                 drafting = TreeDrafting(drafter, rows.drafter_context(), rows.anchors.to(drafter.device),
                                         anchor_positions=rows.next_pos.to(drafter.device), spec=round_spec,
                                         sampling=sampling, generator=generator)
-                draft_seconds = time.perf_counter() - draft_start  # the chain's drafting (what plain rounds skip)
+                one_time = rows.pop_one_time_seconds()
+                # the chain's drafting (what plain rounds skip)
+                draft_seconds = time.perf_counter() - draft_start - one_time
                 drafted = drafting.grow(choose.growth_plan())  # None: no branch paid, nothing grown
             else:
                 drafted = draft_tree_for(drafter, rows.drafter_context(), rows.anchors.to(drafter.device),
                                          anchor_positions=rows.next_pos.to(drafter.device), spec=round_spec,
                                          sampling=sampling, generator=generator)
-                draft_seconds = time.perf_counter() - draft_start
+                one_time = rows.pop_one_time_seconds()
+                draft_seconds = time.perf_counter() - draft_start - one_time
             if drafted is None:  # the chain's round, verified exactly as tree_budget=None verifies it (no tree mask)
                 block = drafting.chain
                 chain = DraftTree.from_block(block)
@@ -678,7 +682,7 @@ def generate(
         if block is not None and not from_lookup:  # the per-round overhead the cost curve does not see: all but the
             # target's forward (a planned round that grew: less its tree work, which the growth clock measures and
             # prices per step; a lookup-only round is not a drafting round)
-            clock.add(time.perf_counter() - round_start - verify_seconds - tree_seconds, draft_seconds)
+            clock.add(time.perf_counter() - round_start - verify_seconds - tree_seconds - one_time, draft_seconds)
             if drafting is not None and tree is not None:
                 growth.add(drafting.steps, drafting.step_seconds, tree_seconds - drafting.step_seconds)
 
