@@ -61,6 +61,15 @@ SECTIONS = [
      "--run dspark=/work/runs/smollm2-135m-dspark-long --run dflash=/work/runs/smollm2-135m-dflash-long "
      "--run dspark-decay500=/work/runs/smollm2-135m-dspark-long-decay500 --out results/training_smollm2_long "
      "(after RUNS=/work/runs bash scripts/decay_branch.sh smollm2-135m-dspark-long 400 100)"),
+    ("training_smollm2_bf16/training.md",
+     "A 2,000-step run in bf16 mixed precision on a CPU with AMX bf16 units (2,000 of the 12k-prompt examples, "
+     "wsd schedule decayed over the last 400 steps; 38 minutes of one core; issue 14 part 3)",
+     "OMP_NUM_THREADS=1 dspark-hf train --config examples/configs/smollm2-135m-dspark-long.yaml "
+     "feature_cache=/work/runs/features/smollm2-135m-bf16 feature_cache_dtype=bfloat16 "
+     "output_dir=/work/runs/smollm2-135m-dspark-bf16 max_examples=2000 max_steps=2000 eval_every=400 save_every=200 "
+     "mixed_precision=bf16 && "
+     "dspark-hf training-report --run dspark-bf16=/work/runs/smollm2-135m-dspark-bf16 "
+     "--out results/training_smollm2_bf16"),
     ("data_generation_prepacked/data_generation.md",
      "Data generation throughput, PyTorch's CPU linears vs prepacked oneDNN ones (what `dspark-hf data` uses by "
      "default; issue 14 part 2)",
@@ -153,6 +162,21 @@ SECTIONS = [
      "--out /work/runs/heldout24-release.json && python scripts/heldout_tau.py --merge "
      "/work/runs/heldout24-release.json /work/runs/smollm2-135m-dspark-long-decay500/heldout24.json "
      "--out results/heldout_tau/smollm2.json"),
+    ("heldout_tau/smollm2_bf16.md",
+     "Held-out tau of the release drafter vs the bf16 run's final drafter (24 held-out instruction prompts, every "
+     "draft verified)",
+     "OMP_NUM_THREADS=1 dspark-hf train --config examples/configs/smollm2-135m-dspark-long.yaml "
+     "feature_cache=/work/runs/features/smollm2-135m-bf16 feature_cache_dtype=bfloat16 "
+     "output_dir=/work/runs/smollm2-135m-dspark-bf16 max_examples=2000 max_steps=2000 eval_every=400 save_every=200 "
+     "mixed_precision=bf16 && "
+     "python scripts/heldout_tau.py --target smollm2-135m-instruct --drafter release=src/dspark_hf/testbed/releases/"
+     "smollm2-135m-instruct-dspark --drafter bf16-2000=/work/runs/smollm2-135m-dspark-bf16/final --num-prompts 24 "
+     "--out results/heldout_tau/smollm2_bf16.json"),
+    ("calibration_smollm2_dspark_bf16/calibration.md",
+     "STS calibration of the bf16 run's final drafter (fit on half of 96 held-out prompts, measured on the other half)",
+     "dspark-hf calibrate --drafter /work/runs/smollm2-135m-dspark-bf16/final --target smollm2-135m-instruct "
+     "--prompts data/heldout_prompts.jsonl --limit 96 --fit-fraction 0.5 --max-new-tokens 64 --batch-size 16 "
+     "--out /work/runs/smollm2-135m-dspark-bf16/calibrated --report-dir results/calibration_smollm2_dspark_bf16"),
     ("compare_qwen2.5-coder-0.5b/compare.md",
      "Qwen2.5-Coder-0.5B-Instruct at batch 1: target-only vs prompt lookup vs a CPU-trained DSpark drafter "
      "(issue 14 part 5)",
@@ -193,6 +217,13 @@ SECTIONS = [
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-plain-skips "
      "--concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
      "--out results/bench_smollm2_lazy_context_gsm"),
+    ("bench_smollm2_one_time_gsm/bench.md",
+     "The same command after the prompts' context projection (lazy, at the first drafting round) was kept out of the "
+     "per-round drafting cost the policies price; a calibration job shared the machine for part of the run (issue 14)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-plain-skips "
+     "--concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
+     "--out results/bench_smollm2_one_time_gsm"),
     ("bench_smollm2_padded_gsm/bench.md",
      "Throughput vs concurrency with the padded pricing, the measured cost curve and the online calibration of the "
      "scheduled policy, against Algorithm 1's ragged pricing on the profiled curve (`scheduled-ragged`), same run "
