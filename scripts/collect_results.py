@@ -134,6 +134,10 @@ SECTIONS = [
      "scheduled policy, prepacked target, prompts cut to their last 256 tokens (issue 13)",
      "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 8 --max-new-tokens 32 "
      "--repeats 2 --prepack --max-prompt-len 256 --threads 1 --label padded"),
+    ("tree/load_lazy.md", "The same after the drafter's context became lazy (built only when a round drafts), with "
+     "probe-sized idle-backoff skips and the impatient backoff; a feature-cache build on the other core (issue 13)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 8 --max-new-tokens 32 "
+     "--repeats 2 --prepack --max-prompt-len 256 --threads 1 --label lazy"),
     ("training_smollm2_fullvocab/training.md",
      "Full vs reduced (8,192) draft vocabulary at an equal training budget, long-run recipe (issue 14 part 1)",
      "RUNS=/work/runs STOP=100 bash scripts/train_ablations.sh fullvocab && dspark-hf training-report "
