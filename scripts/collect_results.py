@@ -176,6 +176,12 @@ SECTIONS = [
      "python scripts/heldout_tau.py --target smollm2-135m-instruct --drafter release=src/dspark_hf/testbed/releases/"
      "smollm2-135m-instruct-dspark --drafter bf16-2000=/work/runs/smollm2-135m-dspark-bf16/final --num-prompts 24 "
      "--out results/heldout_tau/smollm2_bf16.json"),
+    ("compare_smollm2_milestone/compare.md",
+     "The bf16 run's final drafter (milestone) vs the release drafter on the evaluation sets, with transformers' "
+     "prompt lookup, prepacked target (issue 14)",
+     "dspark-hf compare --target smollm2-135m-instruct --drafter release=src/dspark_hf/testbed/releases/"
+     "smollm2-135m-instruct-dspark --drafter milestone=results/training_smollm2_bf16/drafter --limit 8 "
+     "--max-new-tokens 64 --speed-prompts 2 --prepack --out results/compare_smollm2_milestone"),
     ("calibration_smollm2_dspark_bf16/calibration.md",
      "STS calibration of the bf16 run's final drafter (fit on half of 96 held-out prompts, measured on the other half)",
      "dspark-hf calibrate --drafter /work/runs/smollm2-135m-dspark-bf16/final --target smollm2-135m-instruct "
