@@ -201,7 +201,8 @@ def test_idle_backoff_skips_the_drafter_when_the_policy_verifies_nothing(policy)
         calls.clear()
         out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=40, policy=policy, sps=sps,
                                  idle_backoff=backoff, record_rounds=True, return_dict_in_generate=True,
-                                 count_round_overhead=False)
+                                 count_round_overhead=False, measured_cost=False)  # (the given curve, not timings:
+        # the tiny target's forwards of 1-5 tokens time alike, which would make any draft free to verify)
         assert torch.equal(out.sequences, ref)
         rounds = len(out.rounds)
         assert all(int(r.lengths.max()) == 0 for r in out.rounds)

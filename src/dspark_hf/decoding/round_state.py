@@ -338,20 +338,19 @@ class ActiveRows:
         `append_context` call (one projection over all their columns) and returns `context`."""
         if self.context is None:
             raise ValueError("this call keeps no drafter context (speculate=False)")
-        if self.pending:
+        if self.prompt_pending:  # the prompts alone first: their projection is timed apart (a one-time cost)
             start = time.perf_counter()
-            if self.prompt_pending:  # the prompts alone first: their projection is timed apart (a one-time cost)
-                features, positions, kept = self.pending.pop(0)
-                self.drafter.append_context(self.context, features.to(self.drafter.device),
-                                            positions.to(self.drafter.device), kept.to(self.drafter.device))
-                self.prompt_pending = False
-                self.one_time_seconds += time.perf_counter() - start
-            if self.pending:
-                features, positions, kept = (torch.cat(parts, dim=1) for parts in zip(*self.pending))
-                self.pending = []
-                device = self.drafter.device
-                self.drafter.append_context(self.context, features.to(device), positions.to(device), kept.to(device))
+            self._project(*self.pending.pop(0))
+            self.prompt_pending = False
+            self.one_time_seconds += time.perf_counter() - start
+        if self.pending:
+            self._project(*(torch.cat(parts, dim=1) for parts in zip(*self.pending)))
+            self.pending = []
         return self.context
+
+    def _project(self, features: torch.Tensor, positions: torch.Tensor, kept: torch.Tensor) -> None:
+        device = self.drafter.device
+        self.drafter.append_context(self.context, features.to(device), positions.to(device), kept.to(device))
 
     def pop_one_time_seconds(self) -> float:
         """The seconds of one-time work (the prompts' context projection) since the last call; resets them."""
@@ -796,8 +795,9 @@ class LengthPolicy:
 @dataclass
 class IdleBackoff:
     """Skips the drafter while drafting does not pay: after 2 consecutive rounds that did not (1 for a costly drafter,
-    below), the next `skip_len` rounds are plain decoding; then one probe drafts again. `skip_len` doubles (2, 4, ... 32) while probes keep not
-    paying and resets when one pays. Decided from past rounds only, so the output does not change.
+    below), the next `skip_len` rounds are plain decoding; then one probe drafts again. `skip_len` doubles (2, 4, ...
+    32) while probes keep not paying and resets when one pays. Decided from past rounds only, so the output does not
+    change.
 
     Attributes:
         enabled: off for the policies that price no cost curve, or with `idle_backoff=False`.

@@ -12,8 +12,9 @@ one-token SmolLM2 forward packed vs 62 ms plain, while 8 tokens took 95 ms packe
 the same, so plain decoding steps never lose to the packing.
 
 Where the two kernels cross is the CPU's: on one AVX-512 Xeon PyTorch's own path was also faster for 2 and 3 rows
-(whole SmolLM2 forwards over a 200-token cache: 88 / 94 ms plain vs 104 / 113 ms packed) and slower from 4 rows on
-(126 vs 112 ms), while on an AMD EPYC the packed kernel already won at 2 rows. `plain_rows=N` sends inputs of up to N
+(batch-1 SmolLM2 forwards: 85 / 94 ms vs 103 / 103 ms packed) and slower from 4 rows on (107 vs 103 ms;
+`scripts/bench_lookup.py --methods lookup lookup/auto-rows` prints both curves), while on an AMD EPYC the packed
+kernel already won at 2 rows. `plain_rows=N` sends inputs of up to N
 rows through `F.linear`; `plain_rows="auto"` measures the crossover on the whole model once
 (`calibrate_plain_rows`: forwards of 1..8 tokens both ways, interleaved, a few seconds for a 135M model).
 
