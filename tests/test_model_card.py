@@ -61,9 +61,27 @@ def test_results_files_become_the_cards_tables():
     assert "pooled ECE 1.47% before / 1.53% after STS" in text
     assert "| `scheduled` | 0.78x | 0.93x | 0.79x | yes |" in text
     assert 'dspark_hf.load_pair("org/tiny-dspark")' in text
+    assert "prompt-lookup" not in text  # this file predates the prompt-lookup column
     own = {"source": "mine.json", "rows": [{"dataset": "custom", "tau": 2.5, "speedup": 1.7}]}  # a dict passed in
     text = build_model_card(hub_drafter(), metrics=own).text
     assert "| custom | 2.50 | 1.70x |" in text and "`mine.json`" in text
+
+
+def test_the_cards_table_sets_transformers_prompt_lookup_beside_the_drafter():
+    path = ROOT / "results" / "compare_smollm2_milestone" / "compare.json"
+    data = json.loads(path.read_text())
+    lookup = {r["dataset"]: r for r in data["results"] if r["method"] == "prompt-lookup"}
+    metrics = metrics_from_compare(path, method="milestone", baseline="release")
+    assert metrics["reference"] == "prompt-lookup"
+    row = metrics["rows"][0]
+    assert row["reference_tau"] == pytest.approx(lookup[row["dataset"]]["tau"])
+    assert row["reference_speedup"] == pytest.approx(lookup[row["dataset"]]["speed"]["speedup"])
+    text = build_model_card(hub_drafter(), metrics=metrics).text
+    head = next(line for line in text.splitlines() if line.startswith("| data set"))
+    assert head.endswith("| batch-1 speedup | prompt-lookup: tau, speedup (same run) | identical to target |")
+    cells = next(line for line in text.splitlines() if line.startswith("| HumanEval")).split(" | ")
+    assert cells[-2] == f"{row['reference_tau']:.2f}, {row['reference_speedup']:.2f}x"
+    assert "reference" not in metrics_from_compare(path, method="milestone", reference=None)
 
 
 def _capture_upload(seen):

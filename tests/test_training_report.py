@@ -101,3 +101,36 @@ def test_equal_steps_compares_runs_over_the_same_window_and_the_last_common_eval
     (b / "heldout.jsonl").write_text("")
     assert equal_step_summary({"two": read_run(a), "one": read_run(b)})["heldout_step"] is None
     assert equal_step_summary({"two": read_run(a)}) is None
+
+
+def test_a_report_keeps_the_runs_logs_and_a_later_report_reads_a_run_from_an_older_report(tmp_path):
+    """Run folders live outside the work tree and may be gone on the next machine: the report's own copy of a run's
+    logs (`runs/<label>/`) reads back as the run, and an older report's `training.json#label` gives its held-out
+    records and last-50-step averages next to a new run."""
+    import shutil
+
+    a = _run(tmp_path / "a", "dspark", [1.0, 1.5, 2.0])
+    b = _run(tmp_path / "b", "dflash", [1.0, 1.1, 1.2])
+    for folder, taus in ((a, [1.2, 1.6]), (b, [1.1, 1.15])):
+        (folder / "heldout.jsonl").write_text("".join(json.dumps(
+            {"step": 10 * i, "train_seconds": 600.0 * i, "train_cpu_seconds": 590.0 * i, "heldout_tau": tau,
+             "heldout_accept@1": 0.1}) + "\n" for i, tau in enumerate(taus, start=1)))
+    first = report({"dspark": a}, tmp_path / "first")
+    kept = first / "runs" / "dspark"
+    assert (kept / "log.jsonl").read_text() == (a / "log.jsonl").read_text()
+    shutil.rmtree(a)  # the machine is gone
+    again = report({"dspark": kept, "dflash": b}, tmp_path / "again")
+    assert json.loads((again / "training.json").read_text())["equal_steps"]["runs"]["dspark"]["heldout_tau"] == 1.6
+    from dspark_hf.evaluation.training_report import read_run
+
+    old = read_run(f"{first / 'training.json'}#dspark")
+    assert [r["heldout_tau"] for r in old["heldout"]] == [1.2, 1.6]
+    assert old["log"] == [{"step": 30, "loss": pytest.approx((1.0 + 1.0 / 2 + 1.0 / 3) / 3), "ce": 2.0,
+                           "expected_tau": pytest.approx(1.5), "accept_rate@1": pytest.approx(0.5),
+                           "accept_rate@2": pytest.approx(0.25)}]  # the 3 logged steps are the last 50
+    mixed = report({"dspark": f"{first / 'training.json'}#dspark", "dflash": b}, tmp_path / "mixed")
+    data = json.loads((mixed / "training.json").read_text())
+    assert data["equal_budget"]["tau"] == {"dspark": pytest.approx(1.6), "dflash": pytest.approx(1.15)}
+    assert "| dspark | 20 | 0.33 | 0.33 | 1.600 | 0.100 |" in (mixed / "training.md").read_text()
+    with pytest.raises(KeyError, match="no run 'dflash'.*'dspark'"):
+        read_run(f"{first / 'training.json'}#dflash")

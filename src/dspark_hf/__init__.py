@@ -15,6 +15,7 @@ from transformers import AutoConfig, AutoModel
 from .models.candidate_generator import AssistOptions, DSparkCandidateGenerator, LookupAssistant, SpeculationStats, install_generate_hook
 from .models.lookup import LookupProposal, NgramLookup
 from .models.prepacked import PrepackedLinear, prepack_linears, unpack_linears
+from .models.gqa_attention import restore_attention, use_gqa_attention
 from .models.configuration_dspark import DSparkConfig
 from .models.drafting import DraftBlock, DSparkContextCache
 from .decoding.batched import DSparkGenerateOutput, RowStats, SPSCache, generate, speculative_generate
@@ -52,6 +53,8 @@ __all__ = [
     "PrepackedLinear",
     "prepack_linears",
     "unpack_linears",
+    "use_gqa_attention",
+    "restore_attention",
     "DSparkGenerateOutput",
     "RowStats",
     "SPSCache",

@@ -253,6 +253,9 @@ def _compare(argv: list[str]) -> None:
                              "table): alone and before each drafter's drafts")
     parser.add_argument("--prepack", action="store_true",
                         help="run every method (target-only included) on the target with prepacked CPU linears")
+    parser.add_argument("--gqa-attention", action="store_true",
+                        help="run every method (target-only included) with grouped-query attention without repeat_kv "
+                             "copies (dspark_hf.use_gqa_attention)")
     parser.add_argument("--out", default="outputs/compare")
     args = parser.parse_args(argv)
     drafters = labeled_folders(parser, "--drafter", args.drafter)
@@ -271,7 +274,8 @@ def _compare(argv: list[str]) -> None:
                          speed_prompts=args.speed_prompts, hf_dflash=args.hf_dflash, stock=stock,
                          stock_prompts=args.stock_prompts, prompt_lookup=args.prompt_lookup,
                          max_matching_ngram_size=args.max_matching_ngram_size, assistant=args.assistant,
-                         dtype=args.dtype, device=args.device, lookup=args.lookup, prepack=args.prepack)
+                         dtype=args.dtype, device=args.device, lookup=args.lookup, prepack=args.prepack,
+                         gqa_attention=args.gqa_attention)
     print((out / "compare.md").read_text())
 
 

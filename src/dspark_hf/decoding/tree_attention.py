@@ -2,7 +2,8 @@
 
 transformers hands a 4-D `attention_mask` to the attention implementation unchanged (`masking_utils`: "already
 prepared, or custom"): SDPA reads it as a boolean mask (True = attend), eager attention adds it (0 / dtype min). So a
-tree is verified by any target loaded with `attn_implementation="sdpa"` or `"eager"` that builds its masks through
+tree is verified by any target loaded with `attn_implementation="sdpa"` or `"eager"` (or switched to `"sdpa_gqa"` by
+`use_gqa_attention`, which takes SDPA's masks) that builds its masks through
 `masking_utils` (Llama / SmolLM2, Qwen2 / Qwen2.5, Qwen3 and most decoder-only families of transformers 5). Flash,
 flex and paged attention ignore such a mask or need their own format: `check_tree_attention` refuses them, and its
 probe refuses a model that silently drops the mask, naming the model either way. A passed probe is remembered per
@@ -22,7 +23,7 @@ from .tree import DraftTree
 
 __all__ = ["TREE_ATTENTION", "check_tree_attention", "tree_attention_mask", "verification_inputs"]
 
-TREE_ATTENTION = ("sdpa", "eager")
+TREE_ATTENTION = ("sdpa", "eager", "sdpa_gqa")
 """Attention implementations that take a custom 4-D mask as given."""
 
 
@@ -77,7 +78,7 @@ def _target_name(target: PreTrainedModel) -> str:
 @torch.no_grad()
 def check_tree_attention(target: PreTrainedModel, probe: bool = True) -> str:
     """Refuses (ValueError naming the model) a target that cannot verify a tree in one forward; returns its attention
-    implementation ("sdpa" or "eager").
+    implementation ("sdpa", "eager" or "sdpa_gqa").
 
     A tree needs a custom 4-D mask: transformers hands a 4-D mask to SDPA and eager attention as given, while flash /
     flex / paged attention ignore it or need their own mask format. With `probe`, two tiny forwards check that the

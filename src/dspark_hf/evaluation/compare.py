@@ -118,7 +118,7 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
             dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
             prompt_sets: Mapping[str, Sequence] | None = None, warmup: bool = True,
             preloaded: Mapping[str, tuple[Any, Any]] | None = None, progress: bool = True,
-            lookup: str | None = None, prepack: bool = False) -> Comparison:
+            lookup: str | None = None, prepack: bool = False, gqa_attention: bool = False) -> Comparison:
     """Runs every method on every prompt set (see the module docstring).
 
     Args:
@@ -143,6 +143,8 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
             (`LookupAssistant`, no drafter) and `<label>+lookup` per drafter (`set_assist(lookup, sps=...)`), both
             with round lengths from the target's batch-1 cost curve, profiled here (tau counted at batch 1).
         prepack: `prepack_linears(target)` (CPU): every method, target-only included, runs on the prepacked target.
+        gqa_attention: `use_gqa_attention(target)`: every method, target-only included, runs its multi-token
+            forwards without `repeat_kv` copies (one-token steps are unchanged).
     """
     from ..models.modeling_dspark import DSparkDrafter
     from ..testbed.targets import load_target
@@ -169,6 +171,10 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
         from ..models.prepacked import prepack_linears
 
         prepack_linears(target)
+    if gqa_attention:
+        from ..models.gqa_attention import use_gqa_attention
+
+        use_gqa_attention(target)
     table = None
     if lookup:
         from ..testbed.release import resolve_lookup

@@ -275,11 +275,12 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
           threshold: float = 0.3, sps: str | Path | None = None, prompt_set: str = "mt_bench", do_sample: bool = False,
           seed: int = 0, repeats: int = 3, out: str | Path = "outputs/bench",
           settings: dict[str, Any] | None = None, lookup: str | None = None, prepack: bool = False,
-          draft_head_dtype: str | None = None) -> list[BenchRow]:
+          draft_head_dtype: str | None = None, gqa_attention: bool = False) -> list[BenchRow]:
     """`dspark-hf bench`: builds the target (`TOY_SIZES` name, registry name or folder) and the drafter
     (`"simulated"`, `"untrained"` or a folder), loads the SPS table `sps` (default `<out>/sps.json`; profiled and
     saved there when absent), runs `run_bench` (with the `NgramLookup` file `lookup`, or the target's shipped table
     for "release"; `prepack`: the target's linears prepacked for every run, no speculation included;
+    `gqa_attention`: `use_gqa_attention(target)` for every run (multi-token forwards without `repeat_kv` copies);
     `draft_head_dtype`: `DSparkDrafter.set_draft_head_dtype`) and writes `bench.json` (with provenance and
     `settings`, default these arguments), `bench.md`, `throughput.png` and `verify_length.png` to `out`. Returns the
     rows."""
@@ -305,6 +306,10 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
         from ..models.prepacked import prepack_linears
 
         prepack_linears(target_model)
+    if gqa_attention:
+        from ..models.gqa_attention import use_gqa_attention
+
+        use_gqa_attention(target_model)
     table_lookup = None
     if lookup:
         from ..testbed.release import resolve_lookup
@@ -327,7 +332,7 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
     label = f"target={target}, drafter={drafter}, block={drafter_model.config.block_size}, " \
             f"max_new_tokens={max_new_tokens}, {'sampling' if do_sample else 'greedy'}, " \
             f"median of {repeats} interleaved runs" + (f", lookup={lookup}" if lookup else "") \
-            + (", prepacked linears" if prepack else "")
+            + (", prepacked linears" if prepack else "") + (", GQA attention" if gqa_attention else "")
     rows = run_bench(target_model, drafter_model, list(concurrency), list(policies), max_new_tokens, table, threshold,
                      tokenizer, prompt_set, simulated, seed, do_sample, repeats, table_lookup)
     prov = provenance(target_model.device, args=settings)
@@ -358,6 +363,9 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
                              "target's shipped table)")
     parser.add_argument("--prepack", action="store_true",
                         help="prepacked CPU linears for the target (every run, no speculation included)")
+    parser.add_argument("--gqa-attention", action="store_true",
+                        help="grouped-query attention without repeat_kv copies for the target's multi-token forwards "
+                             "(dspark_hf.use_gqa_attention; every run, no speculation included)")
     parser.add_argument("--draft-head-dtype", choices=["int8", "float16", "bfloat16", "float32"],
                         help="the drafter's LM-head weight dtype (DSparkDrafter.set_draft_head_dtype; default: the "
                              "target's head)")

@@ -9,6 +9,11 @@ decoding of held-out prompts along the way): the report then adds a held-out tab
 tau against training CPU hours, the runs side by side. Two runs that differ in one setting (an ablation: same seed,
 same data, so the same batches step by step) are also compared at equal steps: the training-batch averages over the
 same window of steps and the held-out tau at the last step every run evaluated.
+
+Run folders live outside the work tree and may be gone on the next machine; the report keeps a copy of each run's
+small logs under `<out>/runs/<label>/` (the three files above, a few hundred kB), so a later report can read a run
+from there, or from an older report's `training.json` as `FILE.json#label` (its held-out records and the last-50-step
+averages only: the per-step log was not kept before the copies were).
 """
 
 from __future__ import annotations
@@ -22,12 +27,16 @@ from ..provenance import atomic_write_json, atomic_write_text
 from ..training.data import summarize_data
 from .labels import labeled_folders
 
-__all__ = ["equal_budget_taus", "equal_step_summary", "main", "read_run", "report"]
+__all__ = ["equal_budget_taus", "equal_step_summary", "main", "read_reported_run", "read_run", "report"]
 
 
 def read_run(folder: str | Path) -> dict:
-    """A training run folder's `{"config": training_config.json, "log": [log.jsonl records]}`; a clear error when
-    the folder is not a run or has no records yet."""
+    """A training run folder's `{"config": training_config.json, "log": [log.jsonl records], "heldout": [...]}`; a
+    clear error when the folder is not a run or has no records yet. `REPORT.json#label` reads run `label` of an
+    earlier report's `training.json` instead (`read_reported_run`)."""
+    if "#" in str(folder) and str(folder).split("#", 1)[0].endswith(".json"):
+        path, label = str(folder).split("#", 1)
+        return read_reported_run(path, label)
     folder = Path(folder)
     cfg_path, log_path = folder / "training_config.json", folder / "log.jsonl"
     if not cfg_path.exists() or not log_path.exists():
@@ -41,6 +50,29 @@ def read_run(folder: str | Path) -> dict:
     return {"config": json.loads(cfg_path.read_text()), "log": records, "heldout": heldout}
 
 
+def read_reported_run(path: str | Path, label: str) -> dict:
+    """Run `label` of a report's `training.json`, as `read_run` returns it: its config, provenance and held-out
+    records as recorded, and for the log a single record at its last step holding the report's last-50-step
+    averages (the per-step log is not in the file). `KeyError` naming the labels the file has."""
+    data = json.loads(Path(path).read_text())
+    if label not in data.get("summary", {}):
+        raise KeyError(f"{path} has no run {label!r}; it has {sorted(data.get('summary', {}))}")
+    summary = data["summary"][label]
+    record = {"step": summary["steps"], "loss": summary["loss"], "ce": summary["ce"],
+              "expected_tau": summary["expected_tau"]}
+    record.update({f"accept_rate@{j + 1}": x for j, x in enumerate(summary.get("accept_rate", []))})
+    return {"config": data["configs"][label], "log": [record], "heldout": list(data.get("heldout", {}).get(label, []))}
+
+
+def _keep_logs(label: str, run: dict, out: Path) -> None:
+    """Copies (or, for a run read from a report, writes) the run's small logs to `<out>/runs/<label>/`."""
+    folder = out / "runs" / label
+    folder.mkdir(parents=True, exist_ok=True)
+    atomic_write_text(folder / "training_config.json", json.dumps(run["config"], indent=2) + "\n")
+    atomic_write_text(folder / "log.jsonl", "".join(json.dumps(r) + "\n" for r in run["log"]))
+    atomic_write_text(folder / "heldout.jsonl", "".join(json.dumps(r) + "\n" for r in run["heldout"]))
+
+
 def _tail_mean(records: list[dict], key: str, last_steps: int = 50) -> float:
     end = records[-1]["step"]
     vals = [r[key] for r in records if r["step"] > end - last_steps and key in r]
@@ -48,10 +80,14 @@ def _tail_mean(records: list[dict], key: str, last_steps: int = 50) -> float:
 
 
 def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
-    """Writes `training.md`, `training.json` and `training.png` for the runs `{label: folder}` to `out_dir`."""
+    """Writes `training.md`, `training.json`, `training.png` (and `learning_curve.png` with held-out records) for
+    the runs `{label: folder}` to `out_dir`, with a copy of each run's logs under `out_dir/runs/<label>/`."""
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     loaded = {label: read_run(folder) for label, folder in runs.items()}
+    for label, run in loaded.items():
+        if Path(runs[label]).resolve() != (out / "runs" / label).resolve():
+            _keep_logs(label, run, out)
     keys = ["variant", "sequential_head", "block_size", "num_hidden_layers", "markov_rank", "max_steps", "batch_size",
             "num_anchors", "learning_rate", "warmup_steps", "alpha_ce", "alpha_tv", "alpha_conf", "mixed_precision",
             "seed"]
@@ -222,7 +258,8 @@ def _plot(loaded: dict[str, dict], path: Path) -> None:
 def main(argv: list[str] | None = None) -> Path:
     """`dspark-hf training-report` (its argument parser lives here, the CLI forwards to it)."""
     parser = argparse.ArgumentParser(prog="dspark-hf training-report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--run", action="append", required=True, metavar="LABEL=FOLDER", help="a training run folder")
+    parser.add_argument("--run", action="append", required=True, metavar="LABEL=FOLDER",
+                        help="a training run folder (or a report's runs/<label> copy, or REPORT.json#label)")
     parser.add_argument("--out", default="results/training")
     args = parser.parse_args(argv)
     out = report(labeled_folders(parser, "--run", args.run), args.out)

@@ -26,6 +26,9 @@ Inputs for the numbers (all optional; each a dict as below, or the path of a res
        "rows": [{"dataset": "humaneval", "tau": 1.32, "baseline_tau": 1.26, "acceptance": [0.24, 0.26, 0.5],
                  "speedup": 0.59, "identical": True}, ...]}
 
+  optionally with `"reference": "prompt-lookup"` and per row `"reference_tau"` / `"reference_speedup"`: what a
+  user would otherwise pick, measured in the same run (`metrics_from_compare` fills them where the file has them).
+
 * `calibration` — `calibration_from_report("<drafter>/calibration/calibration.json")`: ECE / AUROC / Brier of the
   prefix-survival estimate before and after STS, rounds, temperatures.
 * `throughput` — a list of `throughput_from_bench("results/.../bench.json")`: aggregate tokens/s of each verification
@@ -77,10 +80,13 @@ def _finite(value: Any) -> float | None:
 
 
 def metrics_from_compare(data_or_path: Mapping | str | os.PathLike, method: str = "dspark",
-                         baseline: str | None = None, source: str | None = None) -> dict:
+                         baseline: str | None = None, source: str | None = None,
+                         reference: str | None = "prompt-lookup") -> dict:
     """The `metrics` input from a `dspark-hf compare` result (`compare.json`): tau, the first three conditional
     acceptances, the batch-1 speedup and the lossless check of `method` per data set, with `baseline`'s tau beside
-    it (default: another of our drafters in the same file, e.g. the DFlash baseline)."""
+    it (default: another of our drafters in the same file, e.g. the DFlash baseline) and, where the file has it, the
+    tau and batch-1 speedup of `reference` (default: transformers' prompt lookup, what a user tries first; None: not
+    shown) measured in the same run."""
     data, path = _read_json(data_or_path)
     results = data.get("results") or []
     methods = [r.get("method") for r in results]
@@ -92,6 +98,7 @@ def metrics_from_compare(data_or_path: Mapping | str | os.PathLike, method: str 
                          and not str(m).startswith(("hf-", "stock", "target-only", "prompt-lookup", "assisted"))),
                         None)
     base_tau = {r.get("dataset"): _finite(r.get("tau")) for r in results if r.get("method") == baseline}
+    ref = {r.get("dataset"): r for r in results if reference is not None and r.get("method") == reference}
     rows = []
     for r in results:
         if r.get("method") != method:
@@ -102,6 +109,10 @@ def metrics_from_compare(data_or_path: Mapping | str | os.PathLike, method: str 
                      "baseline_tau": base_tau.get(r.get("dataset")),
                      "acceptance": accept, "speedup": _finite(speed.get("speedup")),
                      "identical": speed.get("identical")})
+        if r.get("dataset") in ref:
+            other = ref[r.get("dataset")]
+            rows[-1]["reference_tau"] = _finite(other.get("tau"))
+            rows[-1]["reference_speedup"] = _finite((other.get("speed") or {}).get("speedup"))
     settings = data.get("settings") or {}
     setting = ", ".join(part for part in (
         "greedy decoding",
@@ -111,7 +122,10 @@ def metrics_from_compare(data_or_path: Mapping | str | os.PathLike, method: str 
         if "speed_prompts" in settings else "",
         (data.get("provenance") or {}).get("device", ""),
     ) if part)
-    return {"source": source or path, "method": method, "baseline": baseline, "setting": setting, "rows": rows}
+    out = {"source": source or path, "method": method, "baseline": baseline, "setting": setting, "rows": rows}
+    if ref:
+        out["reference"] = reference
+    return out
 
 
 def calibration_from_report(data_or_path: Mapping | str | os.PathLike, source: str | None = None) -> dict:
@@ -299,7 +313,9 @@ def _metrics_section(metrics: Mapping) -> str:
         return ""
     method, baseline = metrics.get("method") or "this drafter", metrics.get("baseline")
     has = {key: any(r.get(key) is not None and r.get(key) != [] for r in rows)
-           for key in ("tau", "baseline_tau", "acceptance", "speedup", "identical")}
+           for key in ("tau", "baseline_tau", "acceptance", "speedup", "identical", "reference_tau",
+                       "reference_speedup")}
+    reference = metrics.get("reference") or "reference"
     head = ["data set", f"tau ({method})"]
     if has["baseline_tau"]:
         head.append(f"tau ({baseline}, same budget)")
@@ -307,6 +323,8 @@ def _metrics_section(metrics: Mapping) -> str:
         head.append(f"P(accept k \\| < k rejected), k = 1..3 ({method})")
     if has["speedup"]:
         head.append("batch-1 speedup")
+    if has["reference_tau"] or has["reference_speedup"]:
+        head.append(f"{reference}: tau, speedup (same run)")
     if has["identical"]:
         head.append("identical to target")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
@@ -318,6 +336,8 @@ def _metrics_section(metrics: Mapping) -> str:
             cells.append(", ".join(_fmt(a) for a in r.get("acceptance") or []))
         if has["speedup"]:
             cells.append(_fmt(r.get("speedup"), suffix="x"))
+        if has["reference_tau"] or has["reference_speedup"]:
+            cells.append(f"{_fmt(r.get('reference_tau'))}, {_fmt(r.get('reference_speedup'), suffix='x')}")
         if has["identical"]:
             cells.append({True: "yes", False: "**no**"}.get(r.get("identical"), "n/a"))
         lines.append("| " + " | ".join(cells) + " |")

@@ -197,11 +197,17 @@ class DSparkAttention(nn.Module):
         if context_keys is not None and context_keys.shape[2] > 0:
             k = torch.cat([context_keys, k], dim=2)
             v = torch.cat([context_values, v], dim=2)
-        if self.num_kv_heads != self.num_heads:
-            repeat = self.num_heads // self.num_kv_heads
-            k = k.repeat_interleave(repeat, dim=1)
-            v = v.repeat_interleave(repeat, dim=1)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask[:, None])  # [B, H, Q, D]
+        grouped = self.num_kv_heads != self.num_heads
+        if grouped and q.device.type == "cpu" and not torch.is_grad_enabled():
+            # drafting on a CPU: SDPA reads the grouped key/value heads as they are (no copies of the context;
+            # `models.gqa_attention` explains why that matters); training keeps the copies, whose backward is standard
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask[:, None], enable_gqa=True)
+        else:
+            if grouped:
+                repeat = self.num_heads // self.num_kv_heads
+                k = k.repeat_interleave(repeat, dim=1)
+                v = v.repeat_interleave(repeat, dim=1)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attention_mask[:, None])  # [B, H, Q, D]
         return self.o_proj(out.transpose(1, 2).reshape(b, q_len, self.num_heads * self.head_dim))
 
 

@@ -166,16 +166,17 @@ TOY_NOTE = ("--toy: a small RANDOM Llama target and an UNTRAINED DSpark drafter.
 
 def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = None, toy: bool = False,
                  draft_head_dtype: str | torch.dtype | None = None, lookup: bool = True,
-                 prepack: bool = True) -> DemoSetup:
+                 prepack: bool = True, gqa_attention: bool = True) -> DemoSetup:
     """The demo's target and drafter: the toy pair (`toy`), or the target (`load_target`: registry name or folder)
     with the drafter folder `drafter`, else with its release drafter (`ValueError` when it has none).
     `draft_head_dtype` (`"int8"`, `"float16"`, `"bfloat16"`, `"float32"` or a dtype) goes to
     `DSparkDrafter.set_draft_head_dtype`.
 
     For a registered target on the CPU, by default speculative decoding runs as this package recommends there: on a
-    prepacked copy of the target (`prepack_linears`: verifying a few tokens costs little more than one), with the
-    target's shipped n-gram lookup drafts tried before the drafter's, and each round's length chosen from the cost
-    curve profiled here (`set_assist(lookup, sps=...)`). `lookup=False` / `prepack=False` turn those off;
+    prepacked copy of the target (`prepack_linears`: verifying a few tokens costs little more than one) whose
+    multi-token forwards skip `repeat_kv` copies (`use_gqa_attention`), with the target's shipped n-gram lookup
+    drafts tried before the drafter's, and each round's length chosen from the cost curve profiled here
+    (`set_assist(lookup, sps=...)`). `lookup=False` / `prepack=False` / `gqa_attention=False` turn those off;
     target-only decoding always runs on the unmodified target."""
     from .release import RELEASES, load_release_drafter, load_release_lookup
 
@@ -202,16 +203,23 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
     if toy or target_model.device.type != "cpu":
         return setup
     notes = []
-    if prepack:
+    from ..models.prepacked import prepack_linears, prepacked_available
+
+    prepack = prepack and prepacked_available()
+    gqa_attention = gqa_attention and target_model.config._attn_implementation == "sdpa"
+    if prepack or gqa_attention:
         import copy
 
-        from ..models.prepacked import prepack_linears, prepacked_available
+        from ..models.gqa_attention import use_gqa_attention
 
-        if prepacked_available():
-            setup.speculative_target = copy.deepcopy(target_model)
+        setup.speculative_target = copy.deepcopy(target_model)
+        if prepack:
             prepack_linears(setup.speculative_target)
-            drafter_model.bind_target(setup.speculative_target)
             notes.append("prepacked CPU linears")
+        if gqa_attention:
+            use_gqa_attention(setup.speculative_target)
+            notes.append("grouped-query attention without repeat_kv copies")
+        drafter_model.bind_target(setup.speculative_target)
     table = load_release_lookup(target) if lookup and not drafter else None
     if table is not None:
         from ..decoding.sps import profile_batch1_sps
@@ -242,6 +250,9 @@ def main(argv: list[str] | None = None) -> list[DemoRow]:
                         help="drafter drafts only (default for a registered target: its n-gram lookup drafts first)")
     parser.add_argument("--no-prepack", action="store_true",
                         help="run speculative decoding on the plain target (default on a CPU: prepacked linears)")
+    parser.add_argument("--no-gqa-attention", action="store_true",
+                        help="speculative decoding with transformers' own SDPA attention (default on a CPU: "
+                             "dspark_hf.use_gqa_attention, no repeat_kv copies in multi-token forwards)")
     parser.add_argument("--draft-head-dtype", choices=["int8", "float16", "bfloat16", "float32"],
                         help="draft from the LM head in this weight dtype (int8 / float16: fbgemm kernels, the "
                              "cheapest drafting rounds on a CPU; default: the head itself; lossless either way)")
@@ -249,7 +260,7 @@ def main(argv: list[str] | None = None) -> list[DemoRow]:
     if not args.toy and not args.drafter and args.target not in RELEASES:
         parser.error(f"no release drafter for {args.target!r}: pass --drafter FOLDER (or use --toy)")
     setup = prepare_demo(args.target, args.drafter, args.toy, args.draft_head_dtype, lookup=not args.no_lookup,
-                         prepack=not args.no_prepack)
+                         prepack=not args.no_prepack, gqa_attention=not args.no_gqa_attention)
     if setup.description:
         print(setup.description)
     rows = run_demo(setup.target, setup.drafter, setup.tokenizer, args.prompt, args.max_new_tokens,
