@@ -182,6 +182,27 @@ SECTIONS = [
      "dspark-hf compare --target smollm2-135m-instruct --drafter release=src/dspark_hf/testbed/releases/"
      "smollm2-135m-instruct-dspark --drafter milestone=results/training_smollm2_bf16/drafter --limit 8 "
      "--max-new-tokens 64 --speed-prompts 2 --prepack --out results/compare_smollm2_milestone"),
+    ("compare_smollm2_bf16/compare.md",
+     "Today's release drafter (the bf16 run's, released from this comparison) vs the release before it, alone and "
+     "behind n-gram lookup drafts, with transformers' prompt lookup, on a prepacked target with GQA attention "
+     "(issue 14 part 6)",
+     "mkdir -p /tmp/previous-release && git archive ba6b045 src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark "
+     "| tar -x -C /tmp/previous-release && dspark-hf compare --target smollm2-135m-instruct "
+     "--drafter dspark=results/training_smollm2_bf16/drafter --drafter previous-release=/tmp/previous-release/src/"
+     "dspark_hf/testbed/releases/smollm2-135m-instruct-dspark "
+     "--limit 8 --max-new-tokens 64 --speed-prompts 2 --prepack --gqa-attention --lookup release "
+     "--out results/compare_smollm2_bf16"),
+    ("bench_smollm2_bf16_gsm/bench.md",
+     "Throughput vs concurrency with today's release drafter, lookup drafts, prepacked linears and GQA attention "
+     "(issue 14 goal: scheduled >= 0.97x max(none, fixed))",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies fixed scheduled scheduled-plain-skips --concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 "
+     "--lookup release --prepack --gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_bf16_gsm"),
+    ("gqa_attention/gqa_attention.md",
+     "Verification forwards under load: transformers' SDPA (repeat_kv copies) vs `use_gqa_attention` (issue 14 "
+     "part 4)",
+     "OMP_NUM_THREADS=1 python scripts/bench_gqa_attention.py --rows 64 --widths 1 2 3 4 8 --repeats 5 "
+     "--out results/gqa_attention"),
     ("calibration_smollm2_dspark_bf16/calibration.md",
      "STS calibration of the bf16 run's final drafter (fit on half of 96 held-out prompts, measured on the other half)",
      "dspark-hf calibrate --drafter /work/runs/smollm2-135m-dspark-bf16/final --target smollm2-135m-instruct "

@@ -1,7 +1,7 @@
 """Where one batched call's time goes: the loop's own plain decoding (`speculate=False`) against the scheduled policy
 with lookup drafts and the release drafter, same prompts, SmolLM2-135M-Instruct on a prepacked target (issue 14).
 
-    OMP_NUM_THREADS=1 python scripts/trace_batched_call.py --concurrency 64 [--repeats 2] [--sps FILE] [--drafter DIR]
+    OMP_NUM_THREADS=1 python scripts/trace_batched_call.py --concurrency 64 [--repeats 2] [--sps FILE] [--drafter DIR] [--gqa-attention]
 
 Prints, per run, the total seconds and the seconds / calls of the prefill, the target forwards by width, the drafter
 forwards and its context projections; for the scheduled run also every verifying round (drafter or lookup-only,
@@ -36,10 +36,13 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=2)
     p.add_argument("--sps", help="SPS table (default: profiled here)")
     p.add_argument("--drafter", help="drafter folder (default: the release drafter)")
+    p.add_argument("--gqa-attention", action="store_true", help="dspark_hf.use_gqa_attention(target) for both runs")
     args = p.parse_args()
     torch.set_num_threads(1)
     target, tok = load_target("smollm2-135m-instruct")
     prepack_linears(target)
+    if args.gqa_attention:
+        dspark_hf.use_gqa_attention(target)
     drafter = DSparkDrafter.from_pretrained(args.drafter or release_path("smollm2-135m-instruct"), target=target).eval()
     lookup = resolve_lookup("release", "smollm2-135m-instruct")
     rows = args.concurrency

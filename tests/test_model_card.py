@@ -147,4 +147,13 @@ def test_committed_release_card_is_generated_from_the_results_files():
     assert script.main(["--check"]) == 0, "run python scripts/write_model_cards.py"
     card = ModelCard.load(ROOT / "model_cards" / "smollm2-135m-instruct-dspark.md")
     assert card.data.base_model == "HuggingFaceTB/SmolLM2-135M-Instruct" and card.data.library_name == "dspark_hf"
-    assert "results/compare_smollm2/compare.json" in card.text
+    for source in ("results/compare_smollm2_bf16/compare.json", "results/calibration_smollm2_dspark_bf16/calibration.json",
+                   "results/bench_smollm2_bf16_gsm/bench.json", "results/training_smollm2_bf16/training.json"):
+        assert source in card.text, source
+    # the card's numbers are the files': the drafter, the release before it and prompt lookup, same run
+    data = json.loads((ROOT / "results" / "compare_smollm2_bf16" / "compare.json").read_text())
+    tau = {(r["method"], r["dataset"]): r["tau"] for r in data["results"]}
+    speed = {(r["method"], r["dataset"]): r["speed"]["speedup"] for r in data["results"] if r.get("speed")}
+    row = next(line for line in card.text.splitlines() if line.startswith("| HumanEval"))
+    assert row.startswith(f"| HumanEval | {tau['dspark', 'humaneval']:.2f} | {tau['previous-release', 'humaneval']:.2f} |")
+    assert f"| {tau['prompt-lookup', 'humaneval']:.2f}, {speed['prompt-lookup', 'humaneval']:.2f}x |" in row

@@ -1,5 +1,7 @@
 """The release drafter shipped in the package, and the export that writes it."""
 
+import os
+
 import pytest
 import torch
 
@@ -44,6 +46,10 @@ def test_export_release_casts_and_refuses_oversized_without_touching_the_old_cop
     ref_out = target.generate(ids, max_new_tokens=12, do_sample=False)
     assert torch.equal(ref_out, target.generate(ids, assistant_model=loaded, max_new_tokens=12, do_sample=False))
     size = folder_bytes(out)
+    umask = os.umask(0)
+    os.umask(umask)
+    assert {f.name: oct(f.stat().st_mode & 0o777) for f in out.rglob('*') if f.is_file()} == {
+        f.name: oct(0o644 & ~umask) for f in out.rglob('*') if f.is_file()}  # shareable, as git checks out
     with pytest.raises(ValueError, match="over the"):
         export_release(tmp_path / "trained", tmp_path / "release", max_bytes=size // 4)
     assert folder_bytes(out) == size and not list(tmp_path.glob(".release*"))  # old copy intact, no leftovers

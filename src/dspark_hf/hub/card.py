@@ -81,12 +81,13 @@ def _finite(value: Any) -> float | None:
 
 def metrics_from_compare(data_or_path: Mapping | str | os.PathLike, method: str = "dspark",
                          baseline: str | None = None, source: str | None = None,
-                         reference: str | None = "prompt-lookup") -> dict:
+                         reference: str | None = "prompt-lookup", baseline_setting: str = "same budget") -> dict:
     """The `metrics` input from a `dspark-hf compare` result (`compare.json`): tau, the first three conditional
     acceptances, the batch-1 speedup and the lossless check of `method` per data set, with `baseline`'s tau beside
     it (default: another of our drafters in the same file, e.g. the DFlash baseline) and, where the file has it, the
     tau and batch-1 speedup of `reference` (default: transformers' prompt lookup, what a user tries first; None: not
-    shown) measured in the same run."""
+    shown) measured in the same run. `baseline_setting` describes the baseline in the table's header (default: it
+    was trained with the same budget; "" for nothing)."""
     data, path = _read_json(data_or_path)
     results = data.get("results") or []
     methods = [r.get("method") for r in results]
@@ -122,7 +123,8 @@ def metrics_from_compare(data_or_path: Mapping | str | os.PathLike, method: str 
         if "speed_prompts" in settings else "",
         (data.get("provenance") or {}).get("device", ""),
     ) if part)
-    out = {"source": source or path, "method": method, "baseline": baseline, "setting": setting, "rows": rows}
+    out = {"source": source or path, "method": method, "baseline": baseline, "setting": setting, "rows": rows,
+           "baseline_setting": baseline_setting}
     if ref:
         out["reference"] = reference
     return out
@@ -318,7 +320,8 @@ def _metrics_section(metrics: Mapping) -> str:
     reference = metrics.get("reference") or "reference"
     head = ["data set", f"tau ({method})"]
     if has["baseline_tau"]:
-        head.append(f"tau ({baseline}, same budget)")
+        note = metrics.get("baseline_setting", "same budget")
+        head.append(f"tau ({baseline}, {note})" if note else f"tau ({baseline})")
     if has["acceptance"]:
         head.append(f"P(accept k \\| < k rejected), k = 1..3 ({method})")
     if has["speedup"]:
