@@ -42,7 +42,7 @@ from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenanc
 TARGET = "smollm2-135m-instruct"
 
 
-def load_pair(prepack: bool = False):
+def load_pair(prepack: bool = False, gqa_attention: bool = False):
     from dspark_hf.testbed.release import load_release_drafter
     from dspark_hf.testbed.targets import load_target
 
@@ -50,6 +50,8 @@ def load_pair(prepack: bool = False):
     target.eval()
     if prepack:  # every method, plain decoding included, on the prepacked target (dspark_hf.prepack_linears)
         dspark_hf.prepack_linears(target)
+    if gqa_attention:  # every method: multi-token forwards without repeat_kv copies (dspark_hf.use_gqa_attention)
+        dspark_hf.use_gqa_attention(target)
     drafter = load_release_drafter(TARGET, target).eval()
     return target, tokenizer, drafter
 
@@ -118,7 +120,7 @@ def mean(xs: list[float]) -> float:
 
 # ---------------------------------------------------------------------------------------------- batch 1
 def run_batch1(args) -> dict:
-    target, tokenizer, drafter = load_pair(args.prepack)
+    target, tokenizer, drafter = load_pair(args.prepack, args.gqa_attention)
     sets = prompt_sets(tokenizer, args.sets, args.prompts, args.max_prompt_len)
     methods = ["target", "chain"] + [f"tree{b}" for b in args.budgets]
     prepare(args, target, drafter, 1, args.budgets)
@@ -179,14 +181,15 @@ def run_batch1(args) -> dict:
     return {"part": "batch1", "target": TARGET, "drafter": "release", "policy": args.policy,
             "max_new_tokens": args.max_new_tokens, "prompts_per_set": args.prompts, "repeats": args.repeats,
             "max_children": args.max_children, "sets": list(sets), "rows": rows, "macro": macro,
-            "prepacked": args.prepack}
+            "prepacked": args.prepack, "gqa_attention": args.gqa_attention}
 
 
 def batch1_markdown(data: dict) -> str:
     lines = [f"Batch size 1, greedy, {data['max_new_tokens']} new tokens, {data['prompts_per_set']} prompt(s) per set, "
              f"{data['repeats']} repeat(s), policy `{data['policy']}`, at most {data['max_children']} children per "
              f"node; tau counts the bonus token." + (" Target with prepacked linears (every method)."
-                                                     if data.get("prepacked") else ""), "",
+                                                     if data.get("prepacked") else "")
+             + (" GQA attention without copies (every method)." if data.get("gqa_attention") else ""), "",
              "| set | method | tau | tau / chain | tokens/s | speed / chain | speed-up vs target | = target greedy |",
              "|---|---|---|---|---|---|---|---|"]
     for r in data["rows"] + data["macro"]:
@@ -224,7 +227,7 @@ def batch1_plot(data: dict, path: Path) -> None:
 
 # ---------------------------------------------------------------------------------------------- under load
 def run_load(args) -> dict:
-    target, tokenizer, drafter = load_pair(args.prepack)
+    target, tokenizer, drafter = load_pair(args.prepack, args.gqa_attention)
     from dspark_hf.evaluation.prompt_sets import load_prompt_set
 
     items = load_prompt_set("mt_bench")
@@ -331,6 +334,8 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--no-eos", action="store_true", help="never stop at EOS (every call makes max-new-tokens)")
     parser.add_argument("--prepack", action="store_true",
                         help="prepacked CPU linears for the target (every method, plain decoding included)")
+    parser.add_argument("--gqa-attention", action="store_true",
+                        help="grouped-query attention without repeat_kv copies for the target (every method)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)

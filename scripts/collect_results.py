@@ -308,6 +308,16 @@ SECTIONS = [
      "dspark-hf fetch-target qwen2.5-coder-0.5b-instruct && python scripts/bench_lookup.py --target "
      "qwen2.5-coder-0.5b-instruct --methods target-only/packed prompt-lookup prompt-lookup/packed lookup --prompts 2 "
      "--max-new-tokens 64 --out results/lookup_qwen2.5-coder-0.5b"),
+    ("tree/batch1_gqa.md", "Trees vs the chain at batch 1 with today's release drafter, prepacked linears and GQA "
+     "attention, policy fixed (issue 13)",
+     "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
+     "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1 --prepack --gqa-attention --label gqa"),
+    ("bench_smollm2_bf16_gsm_c64/bench.md",
+     "64 requests again, 3 repeats: today's release drafter, lookup drafts, prepacked linears, GQA attention "
+     "(issue 14's batched goal where it was missed)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies fixed scheduled scheduled-plain-skips --concurrency 64 --max-new-tokens 48 --repeats 3 "
+     "--lookup release --prepack --gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_bf16_gsm_c64"),
     ("tree/batch1_priced_scheduled.md", "Trees with growth priced vs the chain at batch 1, scheduled policy (issue 13)",
      "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
      "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1 --policy scheduled --label priced_scheduled"),
