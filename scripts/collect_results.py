@@ -100,6 +100,11 @@ SECTIONS = [
      "release drafter, 1 thread, 2 repeats)",
      "python scripts/bench_round_overhead.py batch1 --prompts 2 --max-new-tokens 48 --repeats 2 --drafters release "
      "--head fp32 fp16 int8 --threads 1 --label head_dtypes"),
+    ("round_overhead/batch1_release_bf16.md",
+     "Per-round cost at batch 1 with today's release drafter (reduced draft vocabulary), fp32 vs int8 draft head "
+     "(issue 14 part 4 goal: at most 15% of the verification forward)",
+     "python scripts/bench_round_overhead.py batch1 --prompts 2 --max-new-tokens 48 --repeats 2 --drafters release "
+     "--head fp32 int8 --threads 1 --label release_bf16"),
     ("round_overhead/batched_after.md",
      "Batched loop with drafting off (speculate=False) and with the idle backoff skipping vs transformers' plain "
      "batched generate",
