@@ -115,6 +115,11 @@ SECTIONS = [
      "draft-head and sparse-logits changes (a heavily loaded machine)",
      "python scripts/bench_round_overhead.py batched --concurrency 1 4 16 64 --max-new-tokens 24 "
      "--max-new-tokens-64 12 --repeats 3 --methods ours --max-prompt-len 24 --label recheck"),
+    ("round_overhead/batched_recheck_amd.md",
+     "Batched loop with drafting off vs transformers' plain batched generate on this session's AMD EPYC VM, full "
+     "MT-Bench prompts (issue 14 part 4 goal: >= 0.97x at every concurrency)",
+     "python scripts/bench_round_overhead.py batched --concurrency 1 4 16 64 --max-new-tokens 24 --repeats 3 "
+     "--methods ours --threads 1 --label recheck_amd"),
     ("compare_smollm2_prompt_lookup/compare.md",
      "Release drafter vs target-only vs transformers' prompt lookup at batch 1, SmolLM2-135M-Instruct (int8 draft head)",
      "dspark-hf compare --target smollm2-135m-instruct --drafter dspark=src/dspark_hf/testbed/releases/"
