@@ -15,7 +15,6 @@ prepacked (`prepack_linears`, as the benchmarks run it) unless `--no-prepack`.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
 from pathlib import Path
@@ -26,17 +25,8 @@ from transformers import DynamicCache
 from dspark_hf.evaluation.throughput import _prompts
 from dspark_hf.models.gqa_attention import GQA_ATTENTION, restore_attention, use_gqa_attention
 from dspark_hf.models.prepacked import prepack_linears
+from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenance
 from dspark_hf.testbed.targets import load_target
-
-
-def _device() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "cpu"
 
 
 def main() -> None:
@@ -88,14 +78,12 @@ def main() -> None:
         print(f"width {width}: sdpa {stock:.3f} s, sdpa_gqa {gqa:.3f} s, {r['speedup']:.2f}x; "
               f"max |logit diff| {r['max_abs_logit_diff']:.2e}, argmax agree {r['argmax_agree']:.3f}", flush=True)
     base = {impl: rows[0][f"{impl}_s"] for impl in ("sdpa", "sdpa_gqa")} if rows and rows[0]["width"] == 1 else None
-    device = _device()
     data = {"rows": args.rows, "context": context, "prompt_set": args.prompt_set, "threads": args.threads,
-            "prepacked": not args.no_prepack, "device": f"{device} x{torch.get_num_threads()} threads",
-            "torch": torch.__version__, "results": rows}
+            "prepacked": not args.no_prepack, "provenance": provenance(), "results": rows}
     lines = ["# Verification forwards under load: transformers' SDPA vs `sdpa_gqa`", "",
              f"SmolLM2-135M-Instruct, {args.rows} rows of {args.prompt_set} prompts (padded context {context}), "
              f"one forward of w new tokens per row over the cache; median of {args.repeats}, interleaved. "
-             f"{'Prepacked linears. ' if not args.no_prepack else ''}Device: {data['device']}; torch {torch.__version__}.",
+             f"{'Prepacked linears. ' if not args.no_prepack else ''}Device: {data['provenance']['device']}; torch {torch.__version__}.",
              "", "| new tokens per row | sdpa (s) | sdpa_gqa (s) | speedup | sdpa / its 1-token | sdpa_gqa / its 1-token "
              "| max abs logit diff | argmax agree |", "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -108,10 +96,8 @@ def main() -> None:
         + (" --no-prepack" if args.no_prepack else "") + (f" --out {args.out}`" if args.out else "`")]
     print("\n".join(lines))
     if args.out:
-        out_dir = Path(args.out)
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "gqa_attention.json").write_text(json.dumps(data, indent=2) + "\n")
-        (out_dir / "gqa_attention.md").write_text("\n".join(lines) + "\n")
+        atomic_write_json(Path(args.out) / "gqa_attention.json", data)
+        atomic_write_text(Path(args.out) / "gqa_attention.md", "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

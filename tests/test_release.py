@@ -88,3 +88,16 @@ def test_the_shipped_lookup_table_loads_and_drafts():
     assert len(resolve_lookup(str(path), "anything")) == len(lookup)
     with pytest.raises(ValueError, match="no lookup table ships"):
         resolve_lookup("release", "no-such-target")
+
+
+def test_files_written_atomically_get_the_mode_a_plain_write_gives(tmp_path):
+    """mkstemp and safetensors create 0600 files; results, caches and shipped data written through a temporary file
+    must be as readable as a plain `open(...).write` makes them."""
+    from dspark_hf.models.lookup import NgramLookup
+    from dspark_hf.provenance import atomic_write_json
+
+    (tmp_path / "plain.txt").write_text("x")
+    atomic_write_json(tmp_path / "atomic.json", {"x": 1})
+    NgramLookup.build([([1, 2, 3, 1, 2, 3], [1] * 6)], max_order=2, heldout_share=0.0).save(tmp_path / "t.safetensors")
+    modes = {p.name: p.stat().st_mode & 0o777 for p in tmp_path.iterdir()}
+    assert modes["atomic.json"] == modes["t.safetensors"] == modes["plain.txt"]

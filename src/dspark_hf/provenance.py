@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "device_description", "git_commit", "provenance"]
+__all__ = ["atomic_write_bytes", "atomic_write_json", "atomic_write_text", "device_description", "git_commit", "make_shareable",
+           "provenance"]
 
 
 def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
@@ -84,18 +85,28 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 
 def atomic_write_bytes(path: str | os.PathLike, data: bytes) -> None:
-    """Writes `data` to `path` via a temporary file and a rename, so readers never see half a file."""
+    """Writes `data` to `path` via a temporary file and a rename, so readers never see half a file (mode 0644 less
+    the umask, as a plain `open` would give)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
+        make_shareable(tmp)
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def make_shareable(path: str | os.PathLike) -> None:
+    """Gives a file written through a temporary file (mkstemp and safetensors create 0600) the mode a plain `open`
+    would: 0644 less the umask, so shipped or shared data is readable by others."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o644 & ~umask)
 
 
 def atomic_write_json(path: str | os.PathLike, data: Any) -> None:

@@ -39,6 +39,8 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from ..provenance import make_shareable
+
 __all__ = ["LookupProposal", "NgramLookup", "lookup_block", "merge_lookup_drafts"]
 
 _P = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier of the polynomial window hash (arithmetic wraps mod 2^64)
@@ -416,9 +418,7 @@ class NgramLookup:
         os.close(fd)
         try:
             save_file(tensors, tmp, metadata=metadata)
-            umask = os.umask(0)
-            os.umask(umask)
-            os.chmod(tmp, 0o644 & ~umask)  # (mkstemp creates 0600; the file is data to share, e.g. in a package)
+            make_shareable(tmp)  # (mkstemp creates 0600; the file is data to share, e.g. in a package)
             os.replace(tmp, path)
         except BaseException:
             if os.path.exists(tmp):

@@ -16,12 +16,13 @@ keeps every earlier copy, so replace it rarely.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
+
+from ..provenance import make_shareable
 
 __all__ = [
     "LOOKUPS",
@@ -212,9 +213,7 @@ def export_release(drafter_dir: str | Path, out_dir: str | Path, dtype: torch.dt
         config.pop("auto_map", None)  # so nothing points at code files the folder does not have
         (tmp / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     save_file(tensors, tmp / "model.safetensors", metadata={"format": "pt", RELEASE_METADATA_KEY: INT8_ROWS})
-    umask = os.umask(0)
-    os.umask(umask)
-    os.chmod(tmp / "model.safetensors", 0o644 & ~umask)  # (safetensors writes 0600; a package's data is shared)
+    make_shareable(tmp / "model.safetensors")  # (safetensors writes 0600; a package's data is shared)
     if model_card is not False:
         from ..hub.card import write_model_card
 
