@@ -16,10 +16,10 @@ SECTIONS = [
      "dspark-hf bench-head --repeats 30 --candidates 0 64 256 --out results/head_cost"),
     ("bench_toy/bench.md", "Throughput vs concurrency, random 8-layer toy target, simulated calibrated drafter",
      "dspark-hf bench --target toy --drafter simulated --concurrency 1 4 16 64 --max-new-tokens 32 --repeats 3 "
-     "--out results/bench_toy"),
+     "--sps results/bench_toy/sps.json --out results/bench_toy"),
     ("bench_smollm2_sim/bench.md", "Throughput vs concurrency, SmolLM2-135M-Instruct, simulated calibrated drafter",
      "dspark-hf bench --target smollm2-135m-instruct --drafter simulated --concurrency 1 4 16 "
-     "--max-new-tokens 32 --repeats 2 --out results/bench_smollm2_sim"),
+     "--max-new-tokens 32 --repeats 2 --sps results/bench_smollm2_sim/sps.json --out results/bench_smollm2_sim"),
     ("training_smollm2/training.md", "Training data and drafters for SmolLM2-135M-Instruct (equal budgets)",
      "dspark-hf prompts --seed 999 --limit 96 --skip-missing --out data/heldout_prompts.jsonl && "
      "dspark-hf prompts --limit 2048 --skip-missing --exclude data/heldout_prompts.jsonl "
@@ -52,7 +52,8 @@ SECTIONS = [
      "--limit 16 --max-new-tokens 64 --speed-prompts 0 --out results/compare_smollm2_heads"),
     ("bench_smollm2_dspark/bench.md", "Throughput vs concurrency, SmolLM2-135M-Instruct, trained DSpark drafter",
      "dspark-hf bench --target smollm2-135m-instruct --drafter outputs/smollm2-135m-dspark/final "
-     "--concurrency 1 4 16 --max-new-tokens 32 --repeats 3 --out results/bench_smollm2_dspark"),
+     "--concurrency 1 4 16 --max-new-tokens 32 --repeats 3 "
+     "--sps results/bench_smollm2_dspark/sps.json --out results/bench_smollm2_dspark"),
     ("draft_vocab/results.md", "Reduced draft vocabulary: answer-token coverage, drafting-round and training-step time",
      "python scripts/bench_draft_vocab.py && python scripts/bench_draft_vocab.py --parts training"),
     ("training_smollm2_long/training.md",
@@ -82,7 +83,8 @@ SECTIONS = [
     ("bench_smollm2_dspark_long/bench.md",
      "Throughput at concurrency 16 with longer outputs (128 tokens), SmolLM2-135M-Instruct, trained DSpark drafter",
      "dspark-hf bench --target smollm2-135m-instruct --drafter outputs/smollm2-135m-dspark/final "
-     "--concurrency 16 --max-new-tokens 128 --repeats 2 --out results/bench_smollm2_dspark_long"),
+     "--concurrency 16 --max-new-tokens 128 --repeats 2 "
+     "--sps results/bench_smollm2_dspark_long/sps.json --out results/bench_smollm2_dspark_long"),
     ("round_overhead/batch1_after.md",
      "Per-round cost at batch 1 (target.generate(assistant_model=drafter)) as a share of the verification forward",
      "python scripts/bench_round_overhead.py batch1 --prompts 3 --max-new-tokens 48 --repeats 1 "
@@ -207,7 +209,8 @@ SECTIONS = [
      "(issue 14 goal: scheduled >= 0.97x max(none, fixed))",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies fixed scheduled scheduled-plain-skips --concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 "
-     "--lookup release --prepack --gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_bf16_gsm"),
+     "--lookup release --prepack --gqa-attention --prompt-set gsm_symbolic "
+     "--sps results/bench_smollm2_bf16_gsm/sps.json --out results/bench_smollm2_bf16_gsm"),
     ("gqa_attention/gqa_attention.md",
      "Verification forwards under load: transformers' SDPA (repeat_kv copies) vs `use_gqa_attention` (issue 14 "
      "part 4)",
@@ -233,14 +236,15 @@ SECTIONS = [
      "(mt_bench prompts; issue 14)",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled --concurrency 1 4 16 "
-     "--max-new-tokens 48 --repeats 2 --lookup release --prepack --out results/bench_smollm2_lookup"),
+     "--max-new-tokens 48 --repeats 2 --lookup release --prepack "
+     "--sps results/bench_smollm2_lookup/sps.json --out results/bench_smollm2_lookup"),
     ("bench_smollm2_lookup_gsm/bench.md",
      "Throughput vs concurrency, SmolLM2-135M-Instruct, release drafter + n-gram lookup drafts, prepacked target "
      "(gsm_symbolic prompts, where lookup drafts help most; issue 14)",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled --concurrency 1 4 16 "
      "--max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
-     "--out results/bench_smollm2_lookup_gsm"),
+     "--sps results/bench_smollm2_lookup_gsm/sps.json --out results/bench_smollm2_lookup_gsm"),
     ("bench_smollm2_lookup_rounds_gsm/bench.md",
      "Throughput vs concurrency with lookup-only rounds: the rounds the idle backoff takes from the drafter draft "
      "from the n-gram lookup alone (`lookup_rounds=True`, the default), side by side with those rounds as plain "
@@ -249,7 +253,7 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-plain-skips "
      "--concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
-     "--out results/bench_smollm2_lookup_rounds_gsm"),
+     "--sps results/bench_smollm2_lookup_rounds_gsm/sps.json --out results/bench_smollm2_lookup_rounds_gsm"),
     ("bench_smollm2_lazy_context_gsm/bench.md",
      "The same command after the drafter's context became lazy (built only when a round drafts: "
      "`ActiveRows.pending`) and a drafter costing half a plain round or more is backed off after one round that did "
@@ -257,14 +261,14 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-plain-skips "
      "--concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
-     "--out results/bench_smollm2_lazy_context_gsm"),
+     "--sps results/bench_smollm2_lazy_context_gsm/sps.json --out results/bench_smollm2_lazy_context_gsm"),
     ("bench_smollm2_one_time_gsm/bench.md",
      "The same command after the prompts' context projection (lazy, at the first drafting round) was kept out of the "
      "per-round drafting cost the policies price; a calibration job shared the machine for part of the run (issue 14)",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-plain-skips "
      "--concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
-     "--out results/bench_smollm2_one_time_gsm"),
+     "--sps results/bench_smollm2_one_time_gsm/sps.json --out results/bench_smollm2_one_time_gsm"),
     ("bench_smollm2_padded_gsm/bench.md",
      "Throughput vs concurrency with the padded pricing, the measured cost curve and the online calibration of the "
      "scheduled policy, against Algorithm 1's ragged pricing on the profiled curve (`scheduled-ragged`), same run "
@@ -272,7 +276,7 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-ragged "
      "--concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --prompt-set gsm_symbolic "
-     "--out results/bench_smollm2_padded_gsm"),
+     "--sps results/bench_smollm2_padded_gsm/sps.json --out results/bench_smollm2_padded_gsm"),
     ("bench_smollm2_calibrated_gsm/bench.md",
      "The same with the online calibration of survival estimates added to the scheduled policy (1, 4, 16 requests; "
      "the SPS table of the run above; the test suite shared the machine during the first half)",
@@ -285,7 +289,8 @@ SECTIONS = [
      "the section above; mt_bench prompts)",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled --concurrency 1 4 16 "
-     "--max-new-tokens 48 --repeats 2 --prepack --out results/bench_smollm2_prepacked"),
+     "--max-new-tokens 48 --repeats 2 --prepack "
+     "--sps results/bench_smollm2_prepacked/sps.json --out results/bench_smollm2_prepacked"),
     ("lookup_smollm2/results.md",
      "SmolLM2-135M-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only, prompt lookup and "
      "the release drafter (issue 14)",
@@ -327,10 +332,25 @@ SECTIONS = [
      "(issue 14's batched goal where it was missed)",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies fixed scheduled scheduled-plain-skips --concurrency 64 --max-new-tokens 48 --repeats 3 "
-     "--lookup release --prepack --gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_bf16_gsm_c64"),
+     "--lookup release --prepack --gqa-attention --prompt-set gsm_symbolic "
+     "--sps results/bench_smollm2_bf16_gsm_c64/sps.json --out results/bench_smollm2_bf16_gsm_c64"),
     ("tree/batch1_priced_scheduled.md", "Trees with growth priced vs the chain at batch 1, scheduled policy (issue 13)",
      "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
      "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1 --policy scheduled --label priced_scheduled"),
+    ("cpu_bf16/cpu_bf16.md", "bf16 autocast vs fp32 on a CPU without native bf16 (why `dspark-hf train` warns)",
+     "OMP_NUM_THREADS=1 python scripts/bench_cpu_bf16.py --lengths 256 768 --repeats 3 --out results/cpu_bf16"),
+    ("training_smollm2_dspark_vs_dflash/training.md",
+     "DSpark vs the DFlash baseline at an equal budget on one machine (issue 14 goal: DSpark tau >= 1.15x DFlash)",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=600 bash scripts/train_dspark_vs_dflash.sh"),
+    ("heldout_tau/smollm2_dspark_vs_dflash.md",
+     "DSpark vs DFlash at equal steps: the final drafters on 24 held-out prompts",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=600 bash scripts/train_dspark_vs_dflash.sh"),
+    ("bench_smollm2_rows_gsm/bench.md",
+     "Throughput vs concurrency with the cost curve profiled in the rounds' own layout (C rows of w tokens) "
+     "(issue 14 goal: scheduled >= 0.97x max(none, fixed))",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies fixed scheduled scheduled-plain-skips --concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 "
+     "--lookup release --prepack --gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_rows_gsm"),
 ]
 
 

@@ -4,7 +4,8 @@ with lookup drafts and the release drafter, same prompts, SmolLM2-135M-Instruct 
     OMP_NUM_THREADS=1 python scripts/trace_batched_call.py --concurrency 64 [--repeats 2] [--sps FILE] [--drafter DIR] [--gqa-attention]
 
 Prints, per run, the total seconds and the seconds / calls of the prefill, the target forwards by width, the drafter
-forwards and its context projections; for the scheduled run also every verifying round (drafter or lookup-only,
+forwards, its context projections and the lookup's proposals (one call per row), and the rest (the loop's own
+work); for the scheduled run also every verifying round (drafter or lookup-only,
 drafts verified and accepted, the raw expected extra tokens of the verified drafts before calibration, the forward's
 seconds). A diagnostic, not a benchmark: the timers wrap the calls they name.
 """
@@ -48,7 +49,7 @@ def main() -> None:
     rows = args.concurrency
     max_b = rows * (drafter.config.block_size + 1)
     sps = (SPSTable.load(args.sps, target=target, reprofile=True, max_tokens=max_b) if args.sps
-           else profile_sps(target, max_tokens=max_b, context_lengths=(128,), repeats=2))
+           else profile_sps(target, max_tokens=max_b, context_lengths=(128,), repeats=2, rows=rows))
     ids, mask = _prompts(target, tok, rows, 0, args.prompt_set)
     times: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
@@ -67,6 +68,7 @@ def main() -> None:
 
     timed(drafter, "draft", "drafter forward")
     timed(drafter, "append_context", "context projection")
+    timed(lookup, "propose", "lookup proposals")
     forward = target.forward
 
     def traced_forward(*a, **k):
@@ -102,7 +104,7 @@ def main() -> None:
                                      lookup=lookup, speculate=mode != "plain", record_rounds=True)
             total = time.perf_counter() - start
             parts = ", ".join(f"{k} {v:.2f} s / {calls[k]}" for k, v in sorted(times.items()))
-            print(f"[{repeat}] {mode:9s} {total:6.2f} s: {parts}")
+            print(f"[{repeat}] {mode:9s} {total:6.2f} s: {parts}, the rest {total - sum(times.values()):.2f} s")
             if mode == "scheduled":
                 accepted = [int(r.accepted.sum()) for r in out.rounds if int(r.lengths.sum()) > 0]
                 for line, acc in zip(verifying, accepted):

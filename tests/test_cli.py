@@ -47,7 +47,9 @@ def test_bench_runs_every_policy_side_by_side(tmp_path):
     assert all(r["identical_to_target"] is (None if r["policy"] == "none" else True) for r in rows)
     assert all(r["aggregate_tokens_per_s"] > 0 for r in rows)
     assert (tmp_path / "throughput.png").exists() and (tmp_path / "verify_length.png").exists()
-    assert (tmp_path / "sps.json").exists()
+    for c in (1, 3):  # per concurrency, profiled in its rounds' layout: c rows of 1 .. block + 1 tokens
+        table = json.loads((tmp_path / f"sps-rows{c}.json").read_text())
+        assert table["meta"]["rows"] == c and table["batch_tokens"] == [c * w for w in range(1, 5)]
 
 
 def test_results_collects_tables_and_says_what_is_missing(tmp_path):

@@ -139,7 +139,7 @@ def test_sps_cache_profiles_once_and_sps_none_every_call(monkeypatch, llama):
     target, drafter = llama
     real = dspark_hf.profile_sps(target, max_tokens=12, context_lengths=(8,), repeats=1, progress=False)
     calls = []
-    monkeypatch.setattr(batched, "profile_sps", lambda *a, **k: calls.append(k["max_tokens"]) or real)
+    monkeypatch.setattr(batched, "profile_sps", lambda *a, **k: calls.append((k["max_tokens"], k["rows"])) or real)
     cache = dspark_hf.SPSCache()
     first = dspark_hf.generate(target, drafter, IDS, max_new_tokens=4, policy="scheduled", sps=cache)
     second = dspark_hf.generate(target, drafter, IDS, max_new_tokens=4, policy="scheduled", sps=cache)
@@ -148,6 +148,8 @@ def test_sps_cache_profiles_once_and_sps_none_every_call(monkeypatch, llama):
     # a batch wider than the table covers (3 rows x (block 4 + 1) = 15 > 12 tokens) re-profiles once
     dspark_hf.generate(target, drafter, torch.cat([IDS, IDS[:1]]), max_new_tokens=4, policy="scheduled", sps=cache)
     assert len(calls) == 2 and cache.profiles == 2
+    # in the loop's layout: the call's rows rounded up to a power of two (2, then 3 -> 4), 1 .. block + 1 tokens each
+    assert calls == [(2 * 5, 2), (4 * 5, 4)] and len(cache.tables) == 2
     calls.clear()
     for _ in range(2):  # no hidden cache: sps=None profiles for that call only
         dspark_hf.generate(target, drafter, IDS, max_new_tokens=4, policy="scheduled")

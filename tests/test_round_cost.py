@@ -274,7 +274,7 @@ def test_measured_cost_drops_warm_ups_uses_medians_scales_the_prior_and_stays_mo
     assert got[0] == pytest.approx(0.2) and got[1] == pytest.approx(0.2)
     cost.observe(0, 1.0)
     cost.observe(16, float("nan"))  # ignored
-    assert 0 not in cost.samples and 16 not in cost.samples
+    assert (None, 0) not in cost.samples and (None, 16) not in cost.samples and len(cost.samples) == 2
 
 
 def test_the_scheduled_policy_reads_the_forwards_it_timed(monkeypatch, target):
@@ -298,6 +298,25 @@ def test_the_scheduled_policy_reads_the_forwards_it_timed(monkeypatch, target):
     dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=10, policy="scheduled", eos_token_id=[],
                        sps=lambda b: 1.0 / (1.0 + 0.01 * b), measured_cost=False)
     assert seen == []
+
+
+def test_the_cost_curve_follows_the_rows_left(monkeypatch, target):
+    """A table profiled in the loop's layout (`profile_sps(rows=R)`) is priced at the rows each round has: rows that
+    stop at EOS leave the round, and the cost (and its measured times) follows them; the output is unchanged."""
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_pad(PROMPTS)
+    width = ids.shape[1]
+    free = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=10, policy="fixed", eos_token_id=[])
+    stop = int(free[0, width + 1])  # row 0's second token: with it as EOS, row 0 stops early
+    table = dspark_hf.profile_sps(target, max_tokens=4 * 5, context_lengths=(8,), repeats=1, progress=False, rows=4)
+    seen = []
+    original = round_state.MeasuredCost.set_rows
+    monkeypatch.setattr(round_state.MeasuredCost, "set_rows", lambda self, r: seen.append(r) or original(self, r))
+    out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=10, policy="scheduled", eos_token_id=[stop],
+                             sps=table, return_dict_in_generate=True, record_rounds=True)
+    assert seen == [len(r.rows) for r in out.rounds] and seen[0] == 4 and min(seen) < 4  # the rows of every round
+    plain = dspark_hf.generate(target, None, ids, mask, max_new_tokens=10, eos_token_id=[stop], speculate=False)
+    assert torch.equal(out.sequences, plain)
 
 
 def test_online_calibration_scales_survivals_by_what_past_rounds_accepted():

@@ -346,6 +346,34 @@ def test_bf16_mixed_precision_trains(tmp_path):
     assert (tmp_path / "run" / "final" / "model.safetensors").exists()
 
 
+@pytest.mark.parametrize("native", [False, True])
+def test_bf16_on_a_cpu_without_native_bf16_warns(tmp_path, monkeypatch, caplog, native):
+    import logging
+
+    from accelerate.state import AcceleratorState
+    import dspark_hf.training.trainer as trainer_module
+
+    monkeypatch.setattr(trainer_module, "cpu_has_native_bf16", lambda: native)
+    target = make_target("llama")
+    AcceleratorState._reset_state(True)
+    try:
+        with caplog.at_level(logging.WARNING, logger="dspark_hf.training.trainer"):
+            DSparkTrainer(tiny_config(tmp_path, mixed_precision="bf16", max_steps=1), target,
+                          learnable_examples(target, count=8), progress=False)
+    finally:
+        AcceleratorState._reset_state(True)
+    assert ("without AVX-512 BF16 or AMX" in caplog.text) is (not native)
+
+
+def test_cpu_has_native_bf16_reads_the_flags():
+    from dspark_hf.provenance import cpu_flags, cpu_has_native_bf16
+
+    assert cpu_has_native_bf16({"fpu", "avx2", "avx512f"}) is False
+    assert cpu_has_native_bf16({"avx2", "avx512_bf16"}) is True and cpu_has_native_bf16({"amx_bf16"}) is True
+    if Path("/proc/cpuinfo").exists():  # Linux: the flags are read
+        assert cpu_flags() and cpu_has_native_bf16() == bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
+
+
 @pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parents[1] / "examples" / "configs").glob("*.yaml")))
 def test_every_example_config_parses_and_validates(path):
     """The shipped configs are what `dspark-hf train --config` reads: a typo'd key or a bad value must not wait for a

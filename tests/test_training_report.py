@@ -134,3 +134,19 @@ def test_a_report_keeps_the_runs_logs_and_a_later_report_reads_a_run_from_an_old
     assert "| dspark | 20 | 0.33 | 0.33 | 1.600 | 0.100 |" in (mixed / "training.md").read_text()
     with pytest.raises(KeyError, match="no run 'dflash'.*'dspark'"):
         read_run(f"{first / 'training.json'}#dflash")
+
+
+def test_a_run_that_logged_steps_twice_is_read_once_per_step_the_last_record_winning(tmp_path):
+    """A run resumed by an older version logged the steps it trained again twice; the report reads each step once,
+    the record written last (the weights the run ended with)."""
+    from dspark_hf.evaluation.training_report import read_run
+
+    folder = _run(tmp_path / "a", "dspark", [1.0, 1.2, 1.4])  # steps 10, 20, 30
+    with open(folder / "log.jsonl", "a") as f:  # resumed from step 10: steps 20 and 30 logged again
+        for step, tau in ((20, 1.25), (30, 1.45)):
+            f.write(json.dumps({"step": step, "loss": 0.5, "ce": 2.0, "expected_tau": tau}) + "\n")
+    (folder / "heldout.jsonl").write_text("".join(json.dumps({"step": s, "heldout_tau": t}) + "\n"
+                                                  for s, t in ((20, 1.1), (20, 1.2))))
+    run = read_run(folder)
+    assert [(r["step"], r["expected_tau"]) for r in run["log"]] == [(10, 1.0), (20, 1.25), (30, 1.45)]
+    assert run["heldout"] == [{"step": 20, "heldout_tau": 1.2}]

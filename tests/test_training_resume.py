@@ -322,3 +322,29 @@ def test_two_process_gloo_run_matches_one_process_run(tmp_path):
           f"max |weight change| during training = {moved:.2e}")
     assert moved > 100 * 1e-5
     assert worst_weight < 1e-5, worst_weight
+
+
+def test_resume_drops_the_records_of_steps_trained_again(tmp_path):
+    """A run stopped between checkpoints has logged steps past its last checkpoint; resumed, it trains them again.
+    Its log then holds each step once (the resumed run's records, equal to the uninterrupted run's: exact resume)."""
+    import shutil
+
+    target = make_target("llama")
+    examples = learnable_examples(target, count=12)
+    cfg = small_config(tmp_path, max_steps=4, save_every=2, resume=True, keep_checkpoints=3)
+    torch.manual_seed(0)
+    DSparkTrainer(cfg, target, examples, drafter=build_drafter(cfg, target), progress=False).train()
+    run = tmp_path / "run"
+    full = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in full] == [1, 2, 3, 4]
+    shutil.rmtree(run / "checkpoint-000004")  # as if stopped after logging step 4, before its checkpoint landed
+    shutil.rmtree(run / "final", ignore_errors=True)
+    (run / "heldout.jsonl").write_text(json.dumps({"step": 2, "heldout_tau": 1.5}) + "\n"
+                                       + json.dumps({"step": 4, "heldout_tau": 1.7}) + "\n")
+    torch.manual_seed(0)
+    DSparkTrainer(cfg, target, examples, drafter=build_drafter(cfg, target), progress=False).train()
+    again = [json.loads(line) for line in (run / "log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in again] == [1, 2, 3, 4]
+    for before, after in zip(full, again):
+        assert after["loss"] == pytest.approx(before["loss"], rel=1e-5, abs=1e-6)
+    assert [json.loads(line)["step"] for line in (run / "heldout.jsonl").read_text().splitlines()] == [2]

@@ -47,6 +47,29 @@ def cpu_model() -> str:
     return ""
 
 
+def cpu_flags() -> set[str]:
+    """The CPU's feature flags (Linux `/proc/cpuinfo`), or an empty set where they cannot be read."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return set(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return set()
+
+
+def cpu_has_native_bf16(flags: set[str] | None = None) -> bool | None:
+    """Whether this CPU computes bfloat16 natively (AVX-512 BF16 or AMX-BF16); None where the flags cannot be read.
+
+    Without either, PyTorch converts every bf16 operand to fp32 and back: on an AVX2-only EPYC one SmolLM2-135M
+    forward under bf16 autocast took 5.6-7.2x as long as in fp32 (`scripts/bench_cpu_bf16.py`, results/cpu_bf16)."""
+    flags = cpu_flags() if flags is None else flags
+    if not flags:
+        return None
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
 def device_description(device: torch.device | str | None = None) -> str:
     """What a measurement ran on: the GPU's name, or the CPU's model, architecture, cores and torch threads (CPU models
     change between machines, and a cost curve measured on one does not describe another)."""

@@ -79,7 +79,7 @@ from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthCloc
                           MeasuredCost, OnlineCalibration, RoundClock, RoundRecord, RowOutputs, RowStats,
                           target_layer_ids)
 from .scheduler import POLICIES
-from .sps import SPSTable, profile_sps, target_fingerprint
+from .sps import RowScaledCost, SPSTable, profile_sps, target_fingerprint
 from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, plans_growth
 from .tree_attention import check_tree_attention, verification_inputs
 from .tree_verification import tree_verify
@@ -138,32 +138,43 @@ class SPSCache:
         """What a table depends on: the target's fingerprint (architecture, sizes), its device and its dtype."""
         return target_fingerprint(target), str(target.device), str(target.dtype)
 
-    def table(self, target: PreTrainedModel, max_tokens: int) -> SPSTable:
-        """The table for `target` covering verification batches up to `max_tokens` tokens (profiled if needed)."""
-        key = self.key(target)
+    def table(self, target: PreTrainedModel, max_tokens: int, rows: int | None = None) -> SPSTable:
+        """The table for `target` covering verification batches up to `max_tokens` tokens (profiled if needed);
+        `rows=R`: profiled in the batched loop's layout (`profile_sps(rows=)`), R' rows of w = 1, 2, ... tokens with R'
+        the power of two >= R (one table per R', priced at R rows by `RowScaledCost`), so that calls of many batch
+        sizes profile a few times only."""
+        if rows is not None:
+            profiled = 1 << max(int(rows) - 1, 0).bit_length()
+            max_tokens = -(-max_tokens * profiled // int(rows))
+            rows = profiled
+        key = self.key(target) + ((rows,) if rows is not None else ())
         table = self.tables.get(key)
         if table is None or table.batch_tokens[-1] < max_tokens:
-            table = profile_sps(target, max_tokens=max(8, max_tokens), context_lengths=self.context_lengths,
-                                repeats=self.repeats, progress=False)
+            table = profile_sps(target, max_tokens=max(8, max_tokens) if rows is None else max_tokens,
+                                context_lengths=self.context_lengths, repeats=self.repeats, progress=False,
+                                rows=rows)
             self.tables[key] = table
             self.profiles += 1
         return table
 
 
-def resolve_sps(target: PreTrainedModel, sps: Any, max_tokens: int) -> Any:
+def resolve_sps(target: PreTrainedModel, sps: Any, max_tokens: int, rows: int | None = None) -> Any:
     """An SPS curve for the scheduler: the given table / callable, a JSON path (checked against `target`), a table
-    from an `SPSCache`, or — for `None` — a table profiled for this call only."""
+    from an `SPSCache`, or — for `None` — a table profiled for this call only. `rows`: the call's batch size; tables
+    profiled here are laid out as its rounds are (R rows of w tokens) and, like any table profiled so
+    (`SPSTable.rows`), returned as a `RowScaledCost` that the loop prices at the rows each round has."""
     if sps is None:
         logger.warning_once("dspark_hf.generate(sps=None) profiles the target's SPS curve on every call; pass "
                             "sps=dspark_hf.SPSCache() (or a saved SPSTable) to profile once and reuse it")
-        return SPSCache().table(target, max_tokens)
-    if isinstance(sps, SPSCache):
-        return sps.table(target, max_tokens)
-    if isinstance(sps, (str, bytes)) or hasattr(sps, "__fspath__"):
-        return SPSTable.load(sps, target=target)
-    if isinstance(sps, SPSTable):
+        sps = SPSCache().table(target, max_tokens, rows=rows)
+    elif isinstance(sps, SPSCache):
+        sps = sps.table(target, max_tokens, rows=rows)
+    elif isinstance(sps, (str, bytes)) or hasattr(sps, "__fspath__"):
+        sps = SPSTable.load(sps, target=target)
+    elif isinstance(sps, SPSTable):
         sps.check(target)
-        return sps
+    if isinstance(sps, SPSTable):
+        return RowScaledCost(sps) if sps.rows is not None else sps
     if callable(sps):
         return sps
     raise TypeError(f"sps must be an SPSTable, an SPSCache, a path to a table, a callable B -> steps/s or None; got "
@@ -501,7 +512,7 @@ def generate(
     device = input_ids.device
     priced = speculate and policy in PRICED_POLICIES
     if priced:
-        sps = resolve_sps(target, sps, max_tokens=input_ids.shape[0] * width_max)
+        sps = resolve_sps(target, sps, max_tokens=input_ids.shape[0] * width_max, rows=input_ids.shape[0])
     cost = MeasuredCost(sps) if priced and measured_cost else (sps if priced else None)
     clock = RoundClock(priced=count_round_overhead and priced)
     # trees with a priced policy that counts the round overhead: growth priced too, planned before every growth step
@@ -540,6 +551,10 @@ def generate(
         if len(rows) == 0:
             break
         rows.compact_holes(hole_budget)
+        if isinstance(cost, MeasuredCost):  # priced (and recorded) at this round's rows
+            cost.set_rows(len(rows))
+        elif isinstance(cost, RowScaledCost):
+            cost.rows = len(rows)
         round_start = time.perf_counter()
         block, tree, width, draft_seconds, tree_seconds, one_time = None, None, 1, 0.0, 0.0, 0.0
         drafting = None  # a planned tree round's `TreeDrafting` (for its growth timing)

@@ -44,6 +44,7 @@ from .scheduler import (GrowthCost, WithRoundOverhead, async_lengths, async_tree
                         expected_tree_throughput, fixed_lengths, schedule_growth, schedule_prefix, schedule_tree,
                         schedule_width, sps_values, prefix_survival, threshold_lengths, threshold_tree)
 from .tree import DraftTree, GrowthPlan, TreeSpec
+from .sps import RowScaledCost
 from .verification import SamplingParams
 
 __all__ = [
@@ -462,22 +463,33 @@ class MeasuredCost:
 
     then a running maximum over the queried B (a forward of more tokens never takes less time). Read from past rounds
     only, so the policies stay non-anticipating: the output is the same as with any other cost curve.
+
+    The times are kept per number of rows (`set_rows`, which the loop calls every round): 64 rows of 2 tokens and 32
+    rows of 4 are both B = 128 but not the same forward. A `RowScaledCost` prior follows the rows too.
     """
 
     def __init__(self, prior: Any, window: int = 5, ratio_window: int = 32) -> None:
         self.prior, self.window, self.ratio_window = prior, int(window), int(ratio_window)
-        self.samples: dict[int, list[float]] = {}
+        self.samples: dict[tuple[int | None, int], list[float]] = {}
         self.ratios: list[float] = []
+        self.rows: int | None = None
+
+    def set_rows(self, rows: int) -> None:
+        """The rows of the coming round (its forwards are recorded and priced at this many rows)."""
+        self.rows = int(rows)
+        if isinstance(self.prior, RowScaledCost):
+            self.prior.rows = self.rows
 
     def observe(self, batch_tokens: int, seconds: float) -> None:
         """Records one timed target forward of `batch_tokens` tokens (the first at each size is a warm-up: dropped)."""
         b = int(batch_tokens)
         if b < 1 or not seconds > 0:
             return
-        if b not in self.samples:
-            self.samples[b] = []
+        key = (self.rows, b)
+        if key not in self.samples:
+            self.samples[key] = []
             return
-        self.samples[b] = (self.samples[b] + [float(seconds)])[-self.window:]
+        self.samples[key] = (self.samples[key] + [float(seconds)])[-self.window:]
         prior = 1.0 / float(sps_values(self.prior, torch.tensor([b]))[0])
         self.ratios = (self.ratios + [float(seconds) / prior])[-self.ratio_window:]
 
@@ -486,7 +498,7 @@ class MeasuredCost:
         seconds = 1.0 / sps_values(self.prior, b)
         if self.ratios:
             seconds = seconds * statistics.median(self.ratios)
-        measured = {k: statistics.median(v) for k, v in self.samples.items() if len(v) >= 2}
+        measured = {k: statistics.median(v) for (r, k), v in self.samples.items() if r == self.rows and len(v) >= 2}
         if measured:
             seconds = torch.tensor([measured.get(int(x), float(s)) for x, s in zip(b.tolist(), seconds.tolist())],
                                    dtype=torch.float64)

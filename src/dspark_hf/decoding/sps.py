@@ -7,6 +7,9 @@ for another target, device or dtype (or re-profiles when asked). The scheduler r
 `steps_per_second(B)`: linear interpolation of the measured seconds per step over B, averaged over the profiled
 context lengths and made non-decreasing in B (timing noise must not create dips), cost proportional to B past the
 largest measured B.
+
+`profile_sps(target, rows=R)` lays B out as the batched loop's padded rounds do, R rows of w tokens; `RowScaledCost`
+prices such a table at the rows a round really has (the loop's default curve, `dspark_hf.SPSCache`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..provenance import atomic_write_json, device_description, provenance
 
-__all__ = ["SPSTable", "profile_batch1_sps", "profile_sps", "target_fingerprint"]
+__all__ = ["RowScaledCost", "SPSTable", "profile_batch1_sps", "profile_sps", "target_fingerprint"]
 
 
 def target_fingerprint(target: PreTrainedModel) -> str:
@@ -98,6 +101,12 @@ class SPSTable:
         """SPS(B) for a tensor (or int) of batch sizes."""
         return 1.0 / self.seconds_per_step(torch.as_tensor(batch_tokens))
 
+    @property
+    def rows(self) -> int | None:
+        """R for a table profiled as R rows of w tokens (`profile_sps(rows=R)`), None for the tokens-per-row layout."""
+        rows = self.meta.get("rows") if isinstance(self.meta, dict) else None
+        return int(rows) if rows else None
+
     def __call__(self, batch_tokens):
         return self.steps_per_second(batch_tokens)
 
@@ -151,6 +160,33 @@ class SPSTable:
         return table
 
 
+class RowScaledCost:
+    """A table profiled as R0 rows of w tokens (`profile_sps(rows=R0)`), priced at a round of R rows.
+
+    The batched loop's padded round over R rows verifies B = R x w tokens. Where R = R0 that is a measured point. When
+    rows have finished (R < R0) the forward of R rows of w tokens is priced as R / R0 of the measured R0-row forward
+    of the same width: the width's cost relative to the plain step stays as measured at R0 rows (an upper bound on
+    these CPUs, where a wider forward is relatively cheaper with fewer rows: 8 tokens cost 5.1x one at 64 rows of
+    SmolLM2-135M, 1.7x at one row), so the policy errs towards verifying less; `MeasuredCost` replaces the prior by
+    the real times once it has seen them. The loop sets `rows` before every round."""
+
+    def __init__(self, table: SPSTable, rows: int | None = None) -> None:
+        if table.rows is None:
+            raise ValueError("RowScaledCost needs a table profiled with profile_sps(rows=R)")
+        self.table, self.profiled_rows = table, table.rows
+        self.rows = table.rows if rows is None else int(rows)
+
+    def seconds_per_step(self, batch_tokens: torch.Tensor) -> torch.Tensor:
+        scale = self.profiled_rows / max(self.rows, 1)
+        return self.table.seconds_per_step(torch.as_tensor(batch_tokens, dtype=torch.float64) * scale) / scale
+
+    def steps_per_second(self, batch_tokens: torch.Tensor | int) -> torch.Tensor:
+        return 1.0 / self.seconds_per_step(torch.as_tensor(batch_tokens))
+
+    def __call__(self, batch_tokens):
+        return self.steps_per_second(batch_tokens)
+
+
 @torch.no_grad()
 def profile_sps(
     target: PreTrainedModel,
@@ -160,14 +196,28 @@ def profile_sps(
     batch_tokens: list[int] | None = None,
     repeats: int = 3,
     progress: bool = True,
+    rows: int | None = None,
 ) -> SPSTable:
     """Times target forwards of B new tokens (B in a grid up to `max_tokens`) over cached contexts.
 
     B tokens are laid out as ceil(B / tokens_per_row) rows, as verification batches are (each request sends its anchor
-    and a few drafts). Each row sees `context` cached tokens (one prefill, repeated across rows)."""
+    and a few drafts). Each row sees `context` cached tokens (one prefill, repeated across rows).
+
+    `rows=R`: the layout of the batched loop's padded rounds over R requests instead: B = R x w for w = 1, 2, ...
+    up to `max_tokens`, each forward R rows of w tokens (w = 1: the plain decoding step, which takes the one-token
+    attention path that no multi-token layout measures). At 64 rows of SmolLM2-135M on a 2-core EPYC, the 4-per-row
+    layout priced a 2-token round at 1.56x the plain step and a 3-token one at 1.71x; the rounds took 1.72x and
+    2.44x (results/gqa_attention), so a policy reading it verified drafts that could not pay."""
     if max_tokens < 1:
         raise ValueError(f"max_tokens must be >= 1, got {max_tokens}")
-    grid = sorted(set(batch_tokens)) if batch_tokens else _default_grid(max_tokens)
+    if rows is not None:
+        if rows < 1:
+            raise ValueError(f"rows must be >= 1, got {rows}")
+        if batch_tokens:
+            raise ValueError("pass either rows= (the grid is rows x 1, 2, ...) or batch_tokens=, not both")
+        grid = [rows * w for w in range(1, max(1, max_tokens // rows) + 1)]
+    else:
+        grid = sorted(set(batch_tokens)) if batch_tokens else _default_grid(max_tokens)
     device = target.device
     vocab = target.config.get_text_config().vocab_size
     gen = torch.Generator().manual_seed(0)
@@ -184,18 +234,21 @@ def profile_sps(
         base = DynamicCache()
         target(input_ids=prompt, cache=base, use_cache=True, logits_to_keep=1)
         for b in grid:
-            rows = math.ceil(b / tokens_per_row)
-            width = min(tokens_per_row, b)
-            ids = torch.randint(0, vocab, (rows, width), generator=gen).to(device)
-            new_mask = (torch.arange(rows * width).reshape(rows, width) < b).to(device)
-            mask = torch.cat([torch.ones(rows, context, dtype=torch.long, device=device), new_mask.long()], dim=1)
-            positions = (context + torch.arange(width, device=device)).expand(rows, -1)
+            if rows is None:
+                num_rows = math.ceil(b / tokens_per_row)
+                width = min(tokens_per_row, b)
+            else:
+                num_rows, width = rows, b // rows
+            ids = torch.randint(0, vocab, (num_rows, width), generator=gen).to(device)
+            new_mask = (torch.arange(num_rows * width).reshape(num_rows, width) < b).to(device)
+            mask = torch.cat([torch.ones(num_rows, context, dtype=torch.long, device=device), new_mask.long()], dim=1)
+            positions = (context + torch.arange(width, device=device)).expand(num_rows, -1)
             times = []
             for _ in range(repeats + 1):  # the first run warms up
                 cache = DynamicCache()
                 for layer_idx, layer in enumerate(base.layers):
-                    cache.update(layer.keys.expand(rows, -1, -1, -1).contiguous(),
-                                 layer.values.expand(rows, -1, -1, -1).contiguous(), layer_idx)
+                    cache.update(layer.keys.expand(num_rows, -1, -1, -1).contiguous(),
+                                 layer.values.expand(num_rows, -1, -1, -1).contiguous(), layer_idx)
                 if device.type == "cuda":
                     torch.cuda.synchronize(device)
                 start = time.perf_counter()
@@ -217,7 +270,8 @@ def profile_sps(
         context_lengths=list(context_lengths),
         batch_tokens=grid,
         seconds=seconds,
-        meta=provenance(device, tokens_per_row=tokens_per_row, repeats=repeats),
+        meta=provenance(device, repeats=repeats,
+                        **({"tokens_per_row": tokens_per_row} if rows is None else {"rows": rows})),
     )
 
 

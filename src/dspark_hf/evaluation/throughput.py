@@ -21,7 +21,7 @@ import statistics
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import torch
 from transformers.utils import logging
@@ -181,13 +181,15 @@ def run_bench(target, drafter, concurrencies: list[int], policies: list[str], ma
               seed: int = 0, do_sample: bool = False, repeats: int = 3, lookup: Any = None) -> list[BenchRow]:
     """Every policy `repeats` times per concurrency, interleaved (policy order rotates each repeat), so that load
     changes on a shared machine hit all policies alike; the median time is reported. `lookup` (an `NgramLookup`)
-    adds n-gram lookup drafts to every speculative policy (`dspark_hf.generate(..., lookup=)`)."""
+    adds n-gram lookup drafts to every speculative policy (`dspark_hf.generate(..., lookup=)`). `sps`: one cost curve
+    for every concurrency, or a mapping concurrency -> curve."""
     results = []
     policies = ["none"] + [p for p in policies if p != "none"]
     for c in concurrencies:
+        table = sps[c] if isinstance(sps, Mapping) else sps
         ids, mask = _prompts(target, tokenizer, c, seed, prompt_set)
         width = ids.shape[1]
-        _, base = _run_policy(target, drafter, ids, mask, "none", max_new_tokens, sps, threshold, do_sample, seed)
+        _, base = _run_policy(target, drafter, ids, mask, "none", max_new_tokens, table, threshold, do_sample, seed)
         if simulated:
             g = torch.Generator().manual_seed(seed + c)
             rates = (0.55 + 0.4 * torch.rand(c, generator=g)).tolist()  # requests of different difficulty
@@ -199,7 +201,7 @@ def run_bench(target, drafter, concurrencies: list[int], policies: list[str], ma
             for policy in order:
                 if simulated:
                     drafter.configure(conts, rates, seed)  # same simulated draws for every policy and repeat
-                seconds, out = _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, threshold,
+                seconds, out = _run_policy(target, drafter, ids, mask, policy, max_new_tokens, table, threshold,
                                            do_sample, seed, lookup)
                 times[policy].append(seconds)
                 outs[policy] = out
@@ -277,8 +279,9 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
           settings: dict[str, Any] | None = None, lookup: str | None = None, prepack: bool = False,
           draft_head_dtype: str | None = None, gqa_attention: bool = False) -> list[BenchRow]:
     """`dspark-hf bench`: builds the target (`TOY_SIZES` name, registry name or folder) and the drafter
-    (`"simulated"`, `"untrained"` or a folder), loads the SPS table `sps` (default `<out>/sps.json`; profiled and
-    saved there when absent), runs `run_bench` (with the `NgramLookup` file `lookup`, or the target's shipped table
+    (`"simulated"`, `"untrained"` or a folder), loads the SPS table `sps` for every concurrency (default: per
+    concurrency C a table profiled as C rows of 1 .. block + 1 tokens, the rounds' own layout, saved as
+    `<out>/sps-rows<C>.json` and reused from there), runs `run_bench` (with the `NgramLookup` file `lookup`, or the target's shipped table
     for "release"; `prepack`: the target's linears prepacked for every run, no speculation included;
     `gqa_attention`: `use_gqa_attention(target)` for every run (multi-token forwards without `repeat_kv` copies);
     `draft_head_dtype`: `DSparkDrafter.set_draft_head_dtype`) and writes `bench.json` (with provenance and
@@ -322,13 +325,22 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
     else:
         drafter_model = DSparkDrafter.from_pretrained(drafter, target=target_model).eval()
     drafter_model.set_draft_head_dtype(draft_head_dtype)  # None: the target's own head
-    sps_path = Path(sps) if sps else out / "sps.json"
-    max_b = max(concurrency) * (drafter_model.config.block_size + 1)
-    if sps_path.exists():
-        table = SPSTable.load(sps_path, target=target_model, reprofile=True, max_tokens=max_b)
-    else:
-        table = profile_sps(target_model, max_tokens=max_b, context_lengths=(128,), repeats=2)
-        table.save(sps_path)
+    width = drafter_model.config.block_size + 1
+    if sps:  # the given table, for every concurrency
+        table = SPSTable.load(sps, target=target_model, reprofile=True, max_tokens=max(concurrency) * width)
+    else:  # per concurrency C, the rounds' own layout: C rows of 1 .. block + 1 tokens (`profile_sps(rows=C)`)
+        table = {}
+        for c in concurrency:
+            path = out / f"sps-rows{c}.json"
+            kwargs = dict(max_tokens=c * width, context_lengths=(128,), repeats=2, rows=c)
+            if path.exists():
+                table[c] = SPSTable.load(path, target=target_model, reprofile=True, **kwargs)
+                if table[c].rows != c or table[c].batch_tokens[-1] < c * width:
+                    table[c] = profile_sps(target_model, **kwargs)
+                    table[c].save(path)
+            else:
+                table[c] = profile_sps(target_model, **kwargs)
+                table[c].save(path)
     label = f"target={target}, drafter={drafter}, block={drafter_model.config.block_size}, " \
             f"max_new_tokens={max_new_tokens}, {'sampling' if do_sample else 'greedy'}, " \
             f"median of {repeats} interleaved runs" + (f", lookup={lookup}" if lookup else "") \
@@ -353,7 +365,8 @@ def main(argv: list[str] | None = None) -> list[BenchRow]:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--block-size", type=int, default=7, help="block size of simulated/untrained drafters")
     parser.add_argument("--threshold", type=float, default=0.3)
-    parser.add_argument("--sps", help="SPS table JSON (profiled and saved under --out if absent)")
+    parser.add_argument("--sps", help="SPS table JSON for every concurrency (default: per concurrency C, profiled as C rows "
+                        "of w tokens and saved as <out>/sps-rows<C>.json)")
     parser.add_argument("--prompt-set", default="mt_bench", help="prompt set for real targets")
     parser.add_argument("--do-sample", action="store_true")
     parser.add_argument("--seed", type=int, default=0)

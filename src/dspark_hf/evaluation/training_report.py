@@ -47,7 +47,15 @@ def read_run(folder: str | Path) -> dict:
     heldout_path = folder / "heldout.jsonl"
     heldout = ([json.loads(line) for line in heldout_path.read_text().splitlines() if line.strip()]
                if heldout_path.exists() else [])
-    return {"config": json.loads(cfg_path.read_text()), "log": records, "heldout": heldout}
+    return {"config": json.loads(cfg_path.read_text()), "log": _last_per_step(records),
+            "heldout": _last_per_step(heldout)}
+
+
+def _last_per_step(records: list[dict]) -> list[dict]:
+    """One record per step, the last one written, in step order: a run resumed from a checkpoint before this
+    package dropped the records it trained again (`DSparkTrainer._drop_records_after`) logged those steps twice."""
+    by_step = {r.get("step"): r for r in records}
+    return sorted(by_step.values(), key=lambda r: r.get("step", 0))
 
 
 def read_reported_run(path: str | Path, label: str) -> dict:

@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# Issue 14's "DSpark >= 1.15x DFlash at equal budget" on one machine: the long recipe (examples/configs/
+# smollm2-135m-dspark-long.yaml) as DSpark (Markov head + confidence head) and as the DFlash baseline (no sequential
+# head, CE only), same data subset, seed, schedule and steps, trained side by side (one core each), each with
+# held-out tau every EVERY steps; then both final drafters on FINAL_PROMPTS held-out prompts and the training report
+# (held-out tau at equal steps and at equal CPU hours, learning curve).
+#   RUNS=/work/runs EXAMPLES=1024 STEPS=600 bash scripts/train_dspark_vs_dflash.sh
+# fp32: on CPUs without AVX-512 BF16 / AMX bf16 autocast is 5-7x slower (results/cpu_bf16); MIXED=bf16 elsewhere.
+# Resumable (re-running continues each run from its newest checkpoint; the feature cache is shared and kept).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+RUNS=${RUNS:-/work/runs}
+EXAMPLES=${EXAMPLES:-1024}
+STEPS=${STEPS:-600}
+EVERY=${EVERY:-200}
+FINAL_PROMPTS=${FINAL_PROMPTS:-24}
+MIXED=${MIXED:-no}
+OUT=${OUT:-results/training_smollm2_dspark_vs_dflash}
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+common=(--config examples/configs/smollm2-135m-dspark-long.yaml "feature_cache=$RUNS/features/smollm2-135m-bf16"
+        feature_cache_dtype=bfloat16 "max_examples=$EXAMPLES" "max_steps=$STEPS" "eval_every=$EVERY" save_every=100
+        "mixed_precision=$MIXED")
+mkdir -p "$RUNS"
+# the feature cache once (both runs read it), then the two runs in parallel
+dspark-hf train "${common[@]}" "output_dir=$RUNS/dspark-vs-dflash-cache" stop_at_step=1 > "$RUNS/dspark-vs-dflash-cache.log" 2>&1
+for variant in dspark dflash; do
+  dspark-hf train "${common[@]}" "variant=$variant" "output_dir=$RUNS/$variant-$EXAMPLES-$STEPS" \
+      > "$RUNS/$variant-$EXAMPLES-$STEPS.log" 2>&1 &
+done
+wait
+python scripts/heldout_tau.py --target smollm2-135m-instruct --num-prompts "$FINAL_PROMPTS" --threads 1 \
+    --drafter "dspark=$RUNS/dspark-$EXAMPLES-$STEPS/final" --drafter "dflash=$RUNS/dflash-$EXAMPLES-$STEPS/final" \
+    --out "results/heldout_tau/smollm2_dspark_vs_dflash.json"
+dspark-hf training-report --run "dspark=$RUNS/dspark-$EXAMPLES-$STEPS" --run "dflash=$RUNS/dflash-$EXAMPLES-$STEPS" \
+    --out "$OUT"
