@@ -333,14 +333,11 @@ def bench(target: str = "toy", drafter: str = "simulated", concurrency: Sequence
         for c in concurrency:
             path = out / f"sps-rows{c}.json"
             kwargs = dict(max_tokens=c * width, context_lengths=(128,), repeats=2, rows=c)
-            if path.exists():
-                table[c] = SPSTable.load(path, target=target_model, reprofile=True, **kwargs)
-                if table[c].rows != c or table[c].batch_tokens[-1] < c * width:
-                    table[c] = profile_sps(target_model, **kwargs)
-                    table[c].save(path)
-            else:
-                table[c] = profile_sps(target_model, **kwargs)
-                table[c].save(path)
+            saved = SPSTable.load(path, target=target_model, reprofile=True, **kwargs) if path.exists() else None
+            if saved is None or saved.rows != c or saved.batch_tokens[-1] < c * width:
+                saved = profile_sps(target_model, **kwargs)
+                saved.save(path)
+            table[c] = saved
     label = f"target={target}, drafter={drafter}, block={drafter_model.config.block_size}, " \
             f"max_new_tokens={max_new_tokens}, {'sampling' if do_sample else 'greedy'}, " \
             f"median of {repeats} interleaved runs" + (f", lookup={lookup}" if lookup else "") \
