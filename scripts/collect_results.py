@@ -351,6 +351,31 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies fixed scheduled scheduled-plain-skips --concurrency 1 4 16 64 --max-new-tokens 48 --repeats 2 "
      "--lookup release --prepack --gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_rows_gsm"),
+    ("lookup_context/lookup_context.md",
+     "A lookup proposal from the whole sequence vs from the row's incremental `LookupContext` (what the loop now keeps)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_context.py --out results/lookup_context"),
+    ("bench_smollm2_incremental_gsm/bench.md",
+     "Throughput vs concurrency with incremental lookup proposals and the round overhead amortized over the rounds "
+     "that draft (issue 14 goal: scheduled >= 0.97x max(none, fixed)); the SPS tables of bench_smollm2_rows_gsm",
+     "mkdir -p results/bench_smollm2_incremental_gsm && cp results/bench_smollm2_rows_gsm/sps-rows*.json "
+     "results/bench_smollm2_incremental_gsm/ && OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct "
+     "--drafter results/training_smollm2_bf16/drafter --policies fixed scheduled --concurrency 1 4 16 64 "
+     "--max-new-tokens 48 --repeats 3 --lookup release --prepack --gqa-attention --prompt-set gsm_symbolic "
+     "--out results/bench_smollm2_incremental_gsm"),
+    ("bench_smollm2_realized_gsm/bench.md",
+     "Scheduled vs no speculation at 16 and 64 requests with measured pay (`RealizedGain`) backing off rounds that "
+     "verified at a loss; SPS tables profiled in this run (issue 14 goal: >= 0.97x)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies scheduled --concurrency 16 64 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_realized_gsm"),
+    ("training_smollm2_dspark_vs_dflash_1200/training.md",
+     "DSpark vs the DFlash baseline at an equal budget, twice the steps (1,200; issue 14 goal: >= 1.15x)",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_1200 "
+     "HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_1200.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("heldout_tau/smollm2_dspark_vs_dflash_1200.md",
+     "DSpark vs DFlash after 1,200 steps each: the final drafters on 24 held-out prompts",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_1200 "
+     "HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_1200.json bash scripts/train_dspark_vs_dflash.sh"),
 ]
 
 

@@ -5,6 +5,8 @@
 # held-out tau every EVERY steps; then both final drafters on FINAL_PROMPTS held-out prompts and the training report
 # (held-out tau at equal steps and at equal CPU hours, learning curve).
 #   RUNS=/work/runs EXAMPLES=1024 STEPS=600 bash scripts/train_dspark_vs_dflash.sh
+#   RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_1200 \
+#       HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_1200.json bash scripts/train_dspark_vs_dflash.sh
 # fp32: on CPUs without AVX-512 BF16 / AMX bf16 autocast is 5-7x slower (results/cpu_bf16); MIXED=bf16 elsewhere.
 # Resumable (re-running continues each run from its newest checkpoint; the feature cache is shared and kept).
 set -euo pipefail
@@ -16,6 +18,7 @@ EVERY=${EVERY:-200}
 FINAL_PROMPTS=${FINAL_PROMPTS:-24}
 MIXED=${MIXED:-no}
 OUT=${OUT:-results/training_smollm2_dspark_vs_dflash}
+HELDOUT=${HELDOUT:-results/heldout_tau/smollm2_dspark_vs_dflash.json}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 common=(--config examples/configs/smollm2-135m-dspark-long.yaml "feature_cache=$RUNS/features/smollm2-135m-bf16"
         feature_cache_dtype=bfloat16 "max_examples=$EXAMPLES" "max_steps=$STEPS" "eval_every=$EVERY" save_every=100
@@ -30,6 +33,6 @@ done
 wait
 python scripts/heldout_tau.py --target smollm2-135m-instruct --num-prompts "$FINAL_PROMPTS" --threads 1 \
     --drafter "dspark=$RUNS/dspark-$EXAMPLES-$STEPS/final" --drafter "dflash=$RUNS/dflash-$EXAMPLES-$STEPS/final" \
-    --out "results/heldout_tau/smollm2_dspark_vs_dflash.json"
+    --out "$HELDOUT"
 dspark-hf training-report --run "dspark=$RUNS/dspark-$EXAMPLES-$STEPS" --run "dflash=$RUNS/dflash-$EXAMPLES-$STEPS" \
     --out "$OUT"

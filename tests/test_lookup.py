@@ -16,7 +16,7 @@ import dspark_hf
 from conftest import (bias_markov_head, exact_joint, fixed_confidence_drafter, generated_rows, greedy_continuation,
                       greedy_reference, left_pad, make_drafter, make_target, sps_curve)
 from dspark_hf.models.candidate_generator import AssistOptions, LookupAssistant
-from dspark_hf.models.lookup import NgramLookup, _suffix_hash, _window_hashes
+from dspark_hf.models.lookup import LookupContext, NgramLookup, _suffix_hash, _suffix_hashes, _window_hashes
 
 
 def _all(seqs):
@@ -48,6 +48,53 @@ def test_window_hash_of_a_suffix_matches_the_vectorised_hashes():
     for n in range(1, 9):
         for end in (n, 17, 40):
             assert _suffix_hash(ids[:end].tolist(), n) == hashes[n][end - n]
+
+
+def test_suffix_hashes_of_all_orders_equal_the_one_order_hash():
+    ids = np.random.default_rng(2).integers(0, 50_000, size=30).tolist()
+    for end in (1, 5, 30):
+        hashes = _suffix_hashes(ids, 8, end)
+        assert len(hashes) == min(8, end) + 1
+        assert [int(_suffix_hash(ids[:end], n)) for n in range(1, len(hashes))] == hashes[1:]
+
+
+def test_an_incremental_context_proposes_exactly_what_the_whole_sequence_does():
+    """`LookupContext` (the loop's per-row index, extended as rows grow) must give the same candidates and the same
+    proposals as re-hashing the whole sequence, at every length, with long copies (past max_order), ties and
+    repeats; a proposal leaves the context as it was."""
+    rng = np.random.default_rng(4)
+    motif = rng.integers(0, 12, size=11).tolist()
+    seqs = [rng.integers(0, 12, size=150).tolist(),  # small vocabulary: many short repeats and ties
+            motif + rng.integers(0, 12, size=9).tolist() + motif + motif[:5] + [3] * 12 + motif]
+    lookup = NgramLookup.build(_all([s[:60] for s in seqs] * 3), max_order=4, heldout_share=0.0)
+    for seq in seqs:
+        context = lookup.context(seq[:1])
+        for end in range(1, len(seq) + 1):
+            context.extend(seq[len(context):end])
+            assert context.ids == seq[:end]
+            assert context.candidate() == lookup._context_candidate(seq[:end]), end
+            for cut in (0.0, 0.3):
+                assert lookup.propose(context, 6, min_survival=cut) == lookup.propose(seq[:end], 6, min_survival=cut)
+            assert context.ids == seq[:end]  # the drafts were popped again
+        fresh = lookup.context(seq)
+        assert [dict(d) for d in fresh._starts] == [dict(d) for d in context._starts]
+
+
+def test_context_push_and_pop_undo_each_other_and_bad_use_is_refused():
+    context = LookupContext(3, [1, 2, 3, 1, 2])
+    before = [{k: list(v) for k, v in d.items()} for d in context._starts]
+    for t in (3, 1, 2, 9):
+        context.push(t)
+    assert [context.pop() for _ in range(4)] == [9, 2, 1, 3]
+    assert [{k: list(v) for k, v in d.items()} for d in context._starts] == before
+    assert context.candidate() == (3, 2, 1, 1)  # (1, 2) once before, followed by 3
+    with pytest.raises(IndexError):
+        LookupContext(2).pop()
+    with pytest.raises(ValueError, match="max_order"):
+        LookupContext(0)
+    lookup = NgramLookup.build(_all([[1, 2, 3, 4]] * 2), max_order=4, heldout_share=0.0)
+    with pytest.raises(ValueError, match="max_order 3"):
+        lookup.propose(context, 4)
 
 
 def test_context_candidate_prefers_the_longest_suffix_and_then_frequency_then_recency():
@@ -335,6 +382,29 @@ def test_batched_greedy_with_lookup_equals_each_rows_greedy_and_needs_fewer_roun
         target.generate(ids[:1], assistant_model=LookupAssistant(foreign, target), max_new_tokens=4)
 
 
+def test_the_loop_and_the_candidate_generator_index_each_sequence_once(monkeypatch):
+    """Each row's `LookupContext` is made once per call and then only extended (the proposals cost a few lookups per
+    draft instead of re-hashing the row's whole sequence every round); output unchanged."""
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = fixed_confidence_drafter(target, -2.0, block_size=4)
+    lookup = _lookup_from_target(target, PROMPTS[:2], n=24, noise_seed=3)
+    made = []
+    original = NgramLookup.context
+    monkeypatch.setattr(NgramLookup, "context", lambda self, ids=(): made.append(list(ids)) or original(self, ids))
+    ids, mask = left_pad(PROMPTS)
+    out = dspark_hf.generate(target, drafter, ids, mask, lookup=lookup, max_new_tokens=24, policy="fixed",
+                             return_dict_in_generate=True)
+    for row, prompt in enumerate(PROMPTS):
+        assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 24)
+    assert len(made) == len(PROMPTS) and sum(out.stats[r].rounds for r in range(3)) > 3 * 2
+    made.clear()
+    assistant = LookupAssistant(lookup, target, min_survival=0.0)
+    prompt = torch.tensor([PROMPTS[0]])
+    out = target.generate(prompt, assistant_model=assistant, max_new_tokens=24, do_sample=False)
+    assert torch.equal(out[:, prompt.shape[1]:], greedy_continuation(target, prompt, 24))
+    assert assistant.last_speculation_stats.lookup_rounds > 1 and len(made) == 1
+
+
 @pytest.mark.parametrize("policy", ["fixed", "scheduled"])
 def test_batched_sampling_with_lookup_matches_the_target_distribution(policy, monkeypatch):
     """3000 identical rows, 3 tokens over V^3 outcomes: within 2.5x the TV of exact sampling while the lookup's
@@ -415,6 +485,10 @@ def test_batched_lookup_only_rounds_replace_the_backed_off_drafter_and_stay_loss
 
     add = round_state.RoundClock.add
     monkeypatch.setattr(round_state.RoundClock, "add", lambda self, overhead, draft: add(self, 0.06, 0.05))
+    counted = []  # what the round clock was told of each round's kind (the share its overhead is amortized over)
+    count_round = round_state.RoundClock.count_round
+    monkeypatch.setattr(round_state.RoundClock, "count_round",
+                        lambda self, drafted: counted.append(drafted) or count_round(self, drafted))
     target = make_target("llama", vocab_size=96, seed=0)
     drafter = fixed_confidence_drafter(target, -2.0, block_size=4)
     lookup = _lookup_from_target(target, PROMPTS[:2], n=24, noise_seed=3)
@@ -422,6 +496,8 @@ def test_batched_lookup_only_rounds_replace_the_backed_off_drafter_and_stay_loss
     kw = dict(max_new_tokens=24, policy="scheduled", sps=_fast_curve, measured_cost=False, lookup=lookup,
               record_rounds=True, return_dict_in_generate=True)
     with_lookup = dspark_hf.generate(target, drafter, ids, mask, **kw)
+    # lookup-only rounds run no drafter: they do not count toward the share of rounds paying the drafter's overhead
+    assert counted == [r.drafts is not None and not r.lookup_only for r in with_lookup.rounds] and any(counted)
     plain = dspark_hf.generate(target, drafter, ids, mask, lookup_rounds=False, **kw)
     for out in (with_lookup, plain):
         for row, prompt in enumerate(PROMPTS):
@@ -431,6 +507,55 @@ def test_batched_lookup_only_rounds_replace_the_backed_off_drafter_and_stay_loss
     assert sum(int(r.accepted.sum()) for r in only) > 0  # lookup drafts verified and accepted
     assert not any(r.lookup_only for r in plain.rounds)
     assert len(with_lookup.rounds) < len(plain.rounds)
+
+
+def test_realized_gain_weighs_what_verifying_rounds_emitted_against_the_plain_rate():
+    from dspark_hf.decoding.round_state import RealizedGain
+
+    gain = RealizedGain(window=2)
+    gain.verifying_round("lookup", 1.0, 2)  # no plain rate yet: no evidence
+    assert gain.pays("lookup") and gain.gains == {}
+    gain.plain_round(0.5, 10)  # 50 ms per row-step
+    gain.plain_round(1.0, 10)  # averaged: 0.7 * 50 + 0.3 * 100 ms
+    assert gain.plain_seconds_per_token == pytest.approx(0.065)
+    gain.verifying_round("lookup", 1.0, 12)  # 12 row-steps are worth 0.78 s: lost 0.22 s
+    assert gain.gains["lookup"] == [pytest.approx(-0.22)] and not gain.pays("lookup") and gain.pays("drafter")
+    gain.verifying_round("lookup", 1.0, 20)  # +0.30 s: the window sums to a gain
+    assert gain.pays("lookup")
+    gain.verifying_round("lookup", 1.0, 14)  # -0.09: the oldest (-0.22) left the window, +0.30 - 0.09 >= 0
+    assert len(gain.gains["lookup"]) == 2 and gain.pays("lookup")
+
+
+def test_the_backoff_skips_a_kind_of_round_that_verified_at_a_loss(monkeypatch):
+    """The loop feeds `RealizedGain` every plain round and every verifying chain round (its kind, rows + accepted);
+    where the evidence says a kind's verifying rounds lost time, its rounds are skipped even when their estimates
+    say they pay (fewer lookup-only rounds), and the output is the target's own either way."""
+    from dspark_hf.decoding import round_state
+
+    add = round_state.RoundClock.add
+    monkeypatch.setattr(round_state.RoundClock, "add", lambda self, overhead, draft: add(self, 0.06, 0.05))
+    fed = []
+    verifying = round_state.RealizedGain.verifying_round
+    monkeypatch.setattr(round_state.RealizedGain, "verifying_round",
+                        lambda self, kind, seconds, tokens: fed.append((kind, tokens))
+                        or verifying(self, kind, seconds, tokens))
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = fixed_confidence_drafter(target, -2.0, block_size=4)
+    lookup = _lookup_from_target(target, PROMPTS[:2], n=24, noise_seed=3)
+    ids, mask = left_pad(PROMPTS)
+    lookup_only = {}
+    for proven in (True, False):  # the evidence forced to "gained" / "lost"
+        monkeypatch.setattr(round_state.RealizedGain, "pays", lambda self, kind: proven)
+        fed.clear()
+        out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=24, policy="scheduled", sps=_fast_curve,
+                                 measured_cost=False, lookup=lookup, record_rounds=True, return_dict_in_generate=True)
+        for row, prompt in enumerate(PROMPTS):
+            assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 24), (proven, row)
+        verified = [r for r in out.rounds if int(r.lengths.max()) > 0]
+        assert fed == [("lookup" if r.lookup_only else "drafter", len(r.rows) + int(r.accepted.sum()))
+                       for r in verified]
+        lookup_only[proven] = sum(r.lookup_only for r in out.rounds)
+    assert lookup_only[True] >= 3 and lookup_only[False] < lookup_only[True], lookup_only
 
 
 def test_a_drafter_that_adds_nothing_next_to_the_lookup_is_backed_off():

@@ -446,3 +446,40 @@ def test_lookup_only_rounds_keep_their_own_calibration():
     assert int(policy.lengths(block, torch.arange(4), with_drafter=False).max()) == 2  # the lookup's still do
     policy.observe(block, torch.full((4,), 2), torch.full((4,), 2), lookup_only=True)
     assert policy.lookup_calibration.kappa > 1.0 and policy.calibration.kappa < 0.2
+
+
+def test_a_rounds_width_prices_the_overhead_as_often_as_rounds_draft():
+    """Once a round has drafted, its overhead is spent; a shorter verification costs later rounds, which pay the
+    overhead only as often as rounds draft. Under load (most rounds plain) a 2-token round at 64 rows that accepts
+    half its drafts must not look worth it merely because a large overhead is added to both widths."""
+    from dspark_hf.decoding.round_state import RoundClock
+    from dspark_hf.decoding.scheduler import schedule_width
+
+    sps = lambda b: 1.0 / torch.where(b.double() <= 64, 0.53, 0.85)  # noqa: E731  64 rows: 1 token vs 2 tokens
+    conf = torch.full((64, 1), 0.5)  # 32 extra tokens expected: pays only against a large per-round overhead
+    clock = RoundClock(priced=True)
+    assert clock.drafting_share == 1.0
+    clock.add(0.3, 0.0)
+    clock.count_round(drafted=True)
+    assert int(schedule_width(conf, clock.cost(sps, amortized=True))[0]) == 1  # every round drafts: the whole 0.3 s
+    for _ in range(7):
+        clock.count_round(drafted=False)
+    assert clock.drafting_share == pytest.approx(1 / 8)
+    assert clock.cost(sps, amortized=True).overhead_s == pytest.approx(0.3 / 8)
+    assert int(schedule_width(conf, clock.cost(sps))[0]) == 1  # the whole overhead on both widths: "pays"
+    assert int(schedule_width(conf, clock.cost(sps, amortized=True))[0]) == 0  # amortized: 96 / 0.89 < 64 / 0.57
+    for _ in range(40):
+        clock.count_round(drafted=True)
+    assert len(clock.recent) == clock.window and clock.drafting_share == 1.0  # a window of recent rounds
+
+
+def test_the_loop_counts_every_round_and_whether_it_drafted(monkeypatch, target):
+    seen = []
+    original = round_state.RoundClock.count_round
+    monkeypatch.setattr(round_state.RoundClock, "count_round",
+                        lambda self, drafted: seen.append(drafted) or original(self, drafted))
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_pad(PROMPTS)
+    out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=10, policy="scheduled", eos_token_id=[],
+                             sps=lambda b: 1.0 / (1.0 + 0.01 * b), return_dict_in_generate=True, record_rounds=True)
+    assert seen == [r.drafts is not None for r in out.rounds] and any(seen)

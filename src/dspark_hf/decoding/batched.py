@@ -33,9 +33,17 @@ prefix), so `target.generate(assistant_model=drafter)` cannot take a tree.
 
 With an n-gram `lookup=`, step 1 also proposes each row's lookup continuation and keeps whichever source is expected
 to accept more; the rounds the idle backoff takes from the drafter draft from the lookup alone (lookup-only rounds:
-no drafter forward, about half a millisecond per row, `lookup_rounds=True`), and a drafting round counts as paying
-only if it beats the lookup-only round it replaced, so under load a drafter that adds nothing next to the lookup stops
-costing its forward while the lookup's drafts keep being verified where they pay.
+no drafter forward, a fraction of a millisecond per row from the row's incremental `LookupContext`,
+`lookup_rounds=True`), and a drafting round counts as paying only if it beats the lookup-only round it replaced, so
+under load a drafter that adds nothing next to the lookup stops costing its forward while the lookup's drafts keep
+being verified where they pay.
+
+Expected pay is checked against measured pay: `RealizedGain` times every plain round and every verifying chain round
+(drafting, bookkeeping and the wider forward included) and weighs the tokens each verifying round emitted at the
+plain rounds' rate; a kind of round (drafter, lookup-only) whose last verifying rounds lost time in sum is backed off
+even where its estimates say it pays and its probes are cheap. A round's width is priced with the measured per-round
+overhead scaled by the share of recent rounds the drafter ran (`RoundClock.cost(amortized=True)`): once a round has
+drafted its overhead is spent, and the rounds that emit what it did not verify pay that overhead only as often.
 
 A round that verifies no draft (the idle backoff skipped the drafter, the policy chose l_r = 0 everywhere, or
 `speculate=False`) is a plain decoding step: one token per row, `verify`'s K = 0 path, no compaction check (nothing
@@ -76,7 +84,7 @@ from transformers.utils import ModelOutput, logging
 from ..models.lookup import lookup_block, merge_lookup_drafts
 from ..models.modeling_dspark import DSparkDrafter
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthClock, IdleBackoff, LengthPolicy,
-                          MeasuredCost, OnlineCalibration, RoundClock, RoundRecord, RowOutputs, RowStats,
+                          MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, RowOutputs, RowStats,
                           target_layer_ids)
 from .scheduler import POLICIES
 from .sps import RowScaledCost, SPSTable, profile_sps, target_fingerprint
@@ -525,6 +533,7 @@ def generate(
     # lookup-only rounds skip their proposals while they do not pay, only where those cost > 5% of a round
     lookup_backoff = IdleBackoff(enabled=True)
     lookup_only = lookup is not None and lookup_rounds and backoff.enabled
+    realized = RealizedGain()  # the verifying rounds' measured gains against plain rounds (chain rounds' backoff)
     vocab_size = int(target.get_output_embeddings().weight.shape[0])
     branching = BranchBackoff(enabled=idle_backoff and priced and spec is not None and spec.budget > 0)
     criteria = settings.stopping_criteria(stopping_criteria)
@@ -534,9 +543,20 @@ def generate(
     layer_ids = target_layer_ids(drafter) if speculate else None  # hidden states only for the drafter's context
     records: list[RoundRecord] = []
 
+    contexts: dict[int, tuple[Any, int]] = {}  # row -> (its `LookupContext`, tokens generated when last extended)
+
     def lookup_proposals(width: int) -> list:  # each active row's lookup continuation of its sequence so far
-        return [lookup.propose(outputs.sequence(r), width, min_survival=lookup.negligible_survival)
-                for r in rows.ids.tolist()]
+        proposals = []
+        for r in rows.ids.tolist():
+            generated = outputs.count(r)
+            if r in contexts:  # index only the tokens since the last proposal
+                context, indexed = contexts[r]
+                context.extend(outputs.generated(r, indexed))
+            else:
+                context = lookup.context(outputs.sequence(r))
+            contexts[r] = (context, generated)
+            proposals.append(lookup.propose(context, width, min_survival=lookup.negligible_survival))
+        return proposals
 
     # ---------------------------------------------------------------- prefill: prompts -> caches + first tokens
     rows, first = ActiveRows.prefill(target, drafter, input_ids, attention_mask, sampling, generator,
@@ -566,8 +586,10 @@ def generate(
             block = lookup_block(proposals, block_size, vocab_size, device=device)
             lengths = choose.lengths(block, rows.ids, with_drafter=False)
             lookup_seconds = time.perf_counter() - lookup_start
-            lookup_backoff.observe(choose.pays(block, lengths, lookup_seconds=lookup_seconds),
-                                   min_skip=choose.probe_skip(len(rows), probe_seconds=lookup_seconds))
+            min_skip = choose.probe_skip(len(rows), probe_seconds=lookup_seconds)
+            proven = realized.pays("lookup")  # (a kind that verified at a loss is skipped even where probes are cheap)
+            lookup_backoff.observe(choose.pays(block, lengths, lookup_seconds=lookup_seconds) and proven,
+                                   min_skip=min_skip if proven else max(min_skip, 2))
             lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
             width = 1 + int(lengths.max())
         elif speculate and spec is None and not skipped:
@@ -586,7 +608,10 @@ def generate(
             draft_seconds = time.perf_counter() - draft_start - one_time
             lengths = choose.lengths(block, rows.ids)
             if backoff.enabled:
-                backoff.observe(choose.pays(block, lengths, alternative), min_skip=choose.probe_skip(len(rows)))
+                min_skip = choose.probe_skip(len(rows))
+                proven = realized.pays("drafter")
+                backoff.observe(choose.pays(block, lengths, alternative) and proven,
+                                min_skip=min_skip if proven else max(min_skip, 2))
             lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
             width = 1 + int(lengths.max())
         elif speculate and spec is not None and not skipped:  # tree drafts: the same round over nodes
@@ -694,12 +719,20 @@ def generate(
         if record_rounds:
             records.append(_round_record(rows.ids, block, tree, spec, lengths, result, from_lookup))
         finished = outputs.emit(rows.ids, result.tokens, result.num_new, lengths, result.num_accepted)
+        clock.count_round(drafted=block is not None and not from_lookup)  # (the rounds that pay the measured overhead)
         if block is not None and not from_lookup:  # the per-round overhead the cost curve does not see: all but the
             # target's forward (a planned round that grew: less its tree work, which the growth clock measures and
             # prices per step; a lookup-only round is not a drafting round)
             clock.add(time.perf_counter() - round_start - verify_seconds - tree_seconds - one_time, draft_seconds)
             if drafting is not None and tree is not None:
                 growth.add(drafting.steps, drafting.step_seconds, tree_seconds - drafting.step_seconds)
+        if backoff.enabled:  # what the round actually cost and emitted, against the plain rounds' rate
+            round_seconds = time.perf_counter() - round_start - one_time
+            if block is None:
+                realized.plain_round(round_seconds, len(result.num_accepted))
+            elif width > 1 and tree is None:
+                realized.verifying_round("lookup" if from_lookup else "drafter", round_seconds,
+                                         len(result.num_accepted) + int(result.num_accepted.sum()))
 
     if streamer is not None:
         streamer.end()

@@ -52,6 +52,7 @@ __all__ = [
     "MeasuredCost",
     "OnlineCalibration",
     "ActiveRows",
+    "RealizedGain",
     "BranchBackoff",
     "ConfidenceHistory",
     "GrowthClock",
@@ -232,6 +233,14 @@ class RowOutputs:
                 s.seconds = seconds
             self._stats = stats
         return self._stats
+
+    def count(self, row: int) -> int:
+        """Tokens generated so far by row `row`."""
+        return int(self._counts[row])
+
+    def generated(self, row: int, start: int = 0) -> list[int]:
+        """Row `row`'s generated tokens from index `start` on."""
+        return self.buffer[row, start: int(self._counts[row])].tolist()
 
     def sequence(self, row: int) -> list[int]:
         """Row `row`'s prompt (padding dropped) followed by its tokens so far."""
@@ -421,12 +430,16 @@ class RoundClock:
         overhead: total seconds of the measured rounds outside the target's verification forward.
         drafting: total seconds of those rounds inside `drafter.draft`.
         rounds: measured rounds.
+        recent: for the last `window` rounds of every kind, whether each was a drafter round (the kind whose
+            overhead `add` measures) or not (plain, or lookup-only: no drafter forward) (`count_round`).
     """
 
     priced: bool
     overhead: float = 0.0
     drafting: float = 0.0
     rounds: int = 0
+    recent: list[bool] = field(default_factory=list)
+    window: int = 32
 
     def add(self, overhead_seconds: float, draft_seconds: float) -> None:
         """Records one drafting round: its time outside the target's forward and its time inside the drafter."""
@@ -434,19 +447,38 @@ class RoundClock:
         self.drafting += draft_seconds
         self.rounds += 1
 
+    def count_round(self, drafted: bool) -> None:
+        """Records that a round ran, and whether the drafter drafted it (its kind, for `drafting_share`)."""
+        self.recent = (self.recent + [bool(drafted)])[-self.window:]
+
+    @property
+    def drafting_share(self) -> float:
+        """The share of the last `window` rounds the drafter drafted (1.0 before any round)."""
+        return sum(self.recent) / len(self.recent) if self.recent else 1.0
+
     @property
     def measured(self) -> bool:
         """Whether the overhead is priced and at least one round has been measured."""
         return self.priced and self.rounds > 0
 
-    def cost(self, sps: Any, with_drafter: bool = True) -> Any:
+    def cost(self, sps: Any, with_drafter: bool = True, amortized: bool = False) -> Any:
         """The cost curve the policies price: SPS(B) plus the mean measured per-round overhead of past drafting rounds
-        (`with_drafter=False`: less the drafter's own mean time, i.e. what a plain decoding round pays)."""
+        (`with_drafter=False`: less the drafter's own mean time, i.e. what a plain decoding round pays).
+
+        `amortized=True` (a round's width): the overhead times `drafting_share`. Once a round has drafted its
+        overhead is spent whatever it verifies; what a shorter verification costs is the later rounds that must
+        emit the tokens it did not, and those pay the overhead only as often as the drafter drafts (plain and
+        lookup-only rounds do not run it). Where every round drafts (batch 1) that is the whole overhead; under load,
+        where the backoff makes most rounds plain or lookup-only, the
+        full overhead added to every width lowered the bar for verifying: at 64 rows, 2-token rounds that accepted
+        13-40 of 64 drafts, where one costs 1.6x a plain step and pays only above about 38."""
         if not self.measured:
             return sps
         overhead = self.overhead / self.rounds
         if not with_drafter:
             overhead = max(overhead - self.drafting / self.rounds, 0.0)
+        if amortized:
+            overhead *= self.drafting_share
         return WithRoundOverhead(sps, overhead)
 
 
@@ -704,7 +736,7 @@ class LengthPolicy:
             return threshold_lengths(conf, self.threshold)
         conf = self._conf(conf, lookup_only=not with_drafter)
         stale = self.history.two_rounds_ago(rows) if self.name == "async" else None
-        cost = self.clock.cost(self.sps, with_drafter=with_drafter)
+        cost = self.clock.cost(self.sps, with_drafter=with_drafter, amortized=True)
         if stale is None:
             lengths = schedule_width(conf, cost) if self.padded else schedule_prefix(conf, cost)
         else:
@@ -728,10 +760,10 @@ class LengthPolicy:
         priced = dict(growth=growth, num_chain=tree.num_chain) if growth is not None else {}
         priced["padded"] = self.padded
         if stale is None:
-            admitted = schedule_tree(survival, valid, self.clock.cost(self.sps), **priced)
+            admitted = schedule_tree(survival, valid, self.clock.cost(self.sps, amortized=True), **priced)
         else:
             admitted = async_tree(survival, valid, stale, self.history.valid_two_rounds_ago(rows),
-                                  self.clock.cost(self.sps), **priced)
+                                  self.clock.cost(self.sps, amortized=True), **priced)
         if self.name == "async":
             self.history.push(survival, rows, valid)
         return admitted
@@ -740,7 +772,8 @@ class LengthPolicy:
         """The plan `tree.TreeDrafting.grow` consults before each growth step: `scheduler.schedule_growth` with this
         round's cost curve (overhead included) and the measured growth cost (the "scheduled" break, for "async" too:
         its stale budget caps what is verified, not what is worth growing)."""
-        sps, growth, k, padded = self.clock.cost(self.sps), self.growth.cost(), self.block_size, self.padded
+        sps, growth, k, padded = (self.clock.cost(self.sps, amortized=True), self.growth.cost(), self.block_size,
+                                  self.padded)
 
         def plan(survival: torch.Tensor, valid: torch.Tensor, next_survival: torch.Tensor,
                  next_valid: torch.Tensor) -> torch.Tensor:
@@ -802,6 +835,50 @@ class LengthPolicy:
             baseline = max(baseline, expected_throughput(other, best, plain_cost, padded=self.padded))
         cost = WithRoundOverhead(plain_cost, float(lookup_seconds)) if lookup_only else self.clock.cost(self.sps)
         return expected_throughput(conf, lengths, cost, padded=self.padded) > baseline
+
+
+@dataclass
+class RealizedGain:
+    """What the verifying rounds of each kind actually saved, measured, against the loop's own plain rounds.
+
+    The backoff decides on *expected* pay (calibrated survival on a cost curve); under load the curve and the
+    estimates can both be off by the few percent that decide it (at 64 rows a 2-token forward pays only where about
+    70% of the rows accept), and a kind of round that keeps verifying at a loss costs more than its probes. This keeps
+    the evidence: a plain round's seconds per row-step (an exponential average over plain rounds), and for each
+    verifying round of a kind ("drafter", "lookup") its gain, tokens emitted x that rate - its seconds (drafting,
+    bookkeeping and the wider forward included). `pays(kind)`: whether the last `window` verifying rounds of the kind
+    gained in sum (True until there is a plain rate and such a round). Past rounds only: decoding stays lossless.
+
+    Attributes:
+        window: verifying rounds remembered per kind.
+        plain_seconds_per_token: the plain rounds' average seconds per row-step (None before the first).
+        gains: kind -> the realized gains (seconds; negative: lost) of its last `window` verifying rounds.
+    """
+
+    window: int = 4
+    smoothing: float = 0.3
+    plain_seconds_per_token: float | None = None
+    gains: dict[str, list[float]] = field(default_factory=dict)
+
+    def plain_round(self, seconds: float, rows: int) -> None:
+        """A plain decoding round of `rows` rows took `seconds`."""
+        if rows <= 0 or seconds <= 0:
+            return
+        rate = seconds / rows
+        old = self.plain_seconds_per_token
+        self.plain_seconds_per_token = rate if old is None else (1 - self.smoothing) * old + self.smoothing * rate
+
+    def verifying_round(self, kind: str, seconds: float, tokens: int) -> None:
+        """A round of `kind` that verified drafts took `seconds` and emitted `tokens` row-steps (rows + accepted)."""
+        if self.plain_seconds_per_token is None:
+            return
+        gain = tokens * self.plain_seconds_per_token - seconds
+        self.gains[kind] = (self.gains.get(kind, []) + [gain])[-self.window:]
+
+    def pays(self, kind: str) -> bool:
+        """Whether the kind's recent verifying rounds gained in sum (True without evidence)."""
+        gains = self.gains.get(kind)
+        return not gains or sum(gains) >= 0.0
 
 
 @dataclass

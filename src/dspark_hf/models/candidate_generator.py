@@ -309,6 +309,7 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self._kappa = {"lookup": _Kappa(), "drafter": _Kappa()} if calibrated else None
         self._pending: tuple[str, list[float]] | None = None  # (source, uncorrected survival of the proposed drafts)
         self._vocab_size = int(target.get_output_embeddings().weight.shape[0])  # the target's logits width
+        self._lookup_context = None  # the lookup's `LookupContext` of the sequence (incremental across rounds)
         if assist.lookup is not None:
             assist.lookup.check_vocab(self._vocab_size)
 
@@ -382,7 +383,13 @@ class DSparkCandidateGenerator(CandidateGenerator):
         """This round's lookup drafts, or None where none pays. Lookup drafts are a deterministic function of the
         sequence, so whether they are used (and how many) never depends on a sampled draft token (models/lookup.py)."""
         assist = self.assist
-        proposal = assist.lookup.propose(input_ids[0].tolist(), min(assist.lookup_max_tokens, budget),
+        ids = input_ids[0].tolist()
+        context = self._lookup_context  # kept across rounds: only the tokens accepted since are indexed
+        if context is None or len(context) > len(ids) or context.ids != ids[: len(context)]:
+            context = self._lookup_context = assist.lookup.context(ids)
+        else:
+            context.extend(ids[len(context):])
+        proposal = assist.lookup.propose(context, min(assist.lookup_max_tokens, budget),
                                          min_survival=assist.lookup.negligible_survival)
         survival = proposal.survival
         if self._kappa is not None:

@@ -41,7 +41,7 @@ import numpy as np
 
 from ..provenance import make_shareable
 
-__all__ = ["LookupProposal", "NgramLookup", "lookup_block", "merge_lookup_drafts"]
+__all__ = ["LookupContext", "LookupProposal", "NgramLookup", "lookup_block", "merge_lookup_drafts"]
 
 _P = np.uint64(0x9E3779B97F4A7C15)  # odd multiplier of the polynomial window hash (arithmetic wraps mod 2^64)
 _PURITY_BUCKETS = 5
@@ -70,6 +70,39 @@ def _suffix_hash(ids: Sequence[int], n: int) -> np.uint64:
         for t in ids[len(ids) - n:]:
             h = h * _P + np.uint64(int(t) + 1)
     return h
+
+
+_MASK = (1 << 64) - 1
+_P_INT = int(_P)
+
+
+def _suffix_hashes(seq: Sequence[int], max_order: int, end: int | None = None) -> list[int]:
+    """`[0, h_1, ..., h_m]`: the hash of the last n tokens of `seq[:end]` for n = 1..m, m = min(max_order, end), as
+    Python ints (the same values `_suffix_hash` computes, from one pass over at most `max_order` tokens)."""
+    end = len(seq) if end is None else end
+    out, h, power = [0], 0, 1
+    for n in range(1, min(max_order, end) + 1):
+        h = (h + (int(seq[end - n]) + 1) * power) & _MASK
+        power = (power * _P_INT) & _MASK
+        out.append(h)
+    return out
+
+
+def _match_length(arr: Sequence[int], starts: Sequence[int], n: int, max_order: int) -> int:
+    """How far back (up to 2 * max_order tokens) the order-`n` windows starting at `starts` (ascending) keep matching
+    the suffix of `arr`: the most recent few only (enough to tell a copy from a coincidence)."""
+    cap = 2 * max_order
+    length = len(arr)
+    best = n
+    for k in list(starts)[::-1][:8]:
+        k = int(k)
+        m = n
+        while m < cap and k - (m - n) - 1 >= 0 and arr[k - (m - n) - 1] == arr[length - m - 1]:
+            m += 1
+        best = max(best, m)
+        if best == cap:
+            break
+    return best
 
 
 def _length_buckets(max_order: int) -> int:
@@ -301,9 +334,13 @@ class NgramLookup:
         return (hits + strength * prior) / (trials + strength)
 
     # ------------------------------------------------------------------ lookup
-    def _corpus_candidate(self, prefix: Sequence[int]) -> tuple[int, int, int, int] | None:
-        for n in range(min(self.max_order, len(prefix)), 0, -1):
-            hit = self.tables[n].get(_suffix_hash(prefix, n))
+    def _corpus_candidate(self, prefix: Sequence[int], hashes: list[int] | None = None
+                          ) -> tuple[int, int, int, int] | None:
+        """The corpus table's continuation of the longest suffix of `prefix` it holds: (token, order, best count,
+        total). `hashes`: `_suffix_hashes(prefix, max_order)` where the caller has them already."""
+        hashes = _suffix_hashes(prefix, self.max_order) if hashes is None else hashes
+        for n in range(len(hashes) - 1, 0, -1):
+            hit = self.tables[n].get(np.uint64(hashes[n]))
             if hit is not None:
                 return hit[0], n, hit[1], hit[2]
         return None
@@ -328,31 +365,32 @@ class NgramLookup:
             tied = set(values[counts == top].tolist())
             token = next(int(t) for t in nxt[::-1] if int(t) in tied)  # the most recent of the most frequent
             if n == self.max_order:  # follow the longest occurrence that predicts `token` further back
-                n = self._match_length(arr, ends[nxt == token], n)
+                n = _match_length(arr, ends[nxt == token], n, self.max_order)
             return token, n, int(top), int(ends.size)
         return None
-
-    def _match_length(self, arr: np.ndarray, starts: np.ndarray, n: int) -> int:
-        """How far back (up to 2 * max_order tokens) the windows starting at `starts` keep matching the suffix."""
-        cap = 2 * self.max_order
-        length = len(arr)
-        best = n
-        for k in starts[::-1][:8].tolist():  # (the most recent few: enough to tell a copy from a coincidence)
-            m = n
-            while m < cap and k - (m - n) - 1 >= 0 and arr[k - (m - n) - 1] == arr[length - m - 1]:
-                m += 1
-            best = max(best, m)
-            if best == cap:
-                break
-        return best
 
     def estimate(self, source: int, order: int, best: int, total: int) -> float:
         return float(self._rates[source, order, _purity_bucket(best, total), _count_bucket(total)])
 
-    def propose(self, prefix_ids: Sequence[int], max_tokens: int, min_survival: float = 0.0) -> LookupProposal:
+    def context(self, ids: Sequence[int] = ()) -> "LookupContext":
+        """A `LookupContext` holding `ids`: pass it to `propose` in place of the sequence, and `extend` it as the
+        sequence grows, so each call indexes only the new tokens (the batched loop keeps one per row)."""
+        return LookupContext(self.max_order, ids)
+
+    def propose(self, prefix_ids: "Sequence[int] | LookupContext", max_tokens: int,
+                min_survival: float = 0.0) -> LookupProposal:
         """Up to `max_tokens` drafts continuing `prefix_ids`, each the better-estimated of the corpus and the context
         candidate; stops where neither source matches, or once the prefix survival falls below `min_survival` (a draft
-        that unlikely to be reached never pays for its verification; the search per draft is the cost saved)."""
+        that unlikely to be reached never pays for its verification; the search per draft is the cost saved).
+
+        `prefix_ids` may be a `LookupContext` (`context`) holding the sequence: the same proposals (the same hashes and
+        statistics, kept incrementally), without re-hashing the whole sequence for every draft. The context is left
+        as it was given (the drafts are pushed and popped again)."""
+        if isinstance(prefix_ids, LookupContext):
+            if prefix_ids.max_order != self.max_order:
+                raise ValueError(f"a LookupContext of max_order {prefix_ids.max_order} for a lookup of max_order "
+                                 f"{self.max_order}: make it with this lookup's `context()`")
+            return self._propose_in(prefix_ids, max_tokens, min_survival)
         seq = [int(t) for t in prefix_ids]
         tokens: list[int] = []
         acceptance: list[float] = []
@@ -361,17 +399,45 @@ class NgramLookup:
         for _ in range(max(0, int(max_tokens))):
             if survival < min_survival:
                 break
-            best: tuple[float, int, str] | None = None
-            for s, cand in enumerate((self._corpus_candidate(seq), self._context_candidate(seq))):
-                if cand is not None:
-                    est = self.estimate(s, cand[1], cand[2], cand[3])
-                    if best is None or est > best[0]:
-                        best = (est, cand[0], _SOURCES[s])
+            best = self._best(self._corpus_candidate(seq), self._context_candidate(seq))
             if best is None:
                 break
             tokens.append(best[1]); acceptance.append(best[0]); sources.append(best[2])  # noqa: E702
             seq.append(best[1])
             survival *= best[0]
+        return LookupProposal(tokens, acceptance, sources)
+
+    def _best(self, *candidates: tuple[int, int, int, int] | None) -> tuple[float, int, str] | None:
+        """(estimate, token, source) of the better-estimated candidate (corpus first on ties), or None."""
+        best: tuple[float, int, str] | None = None
+        for s, cand in enumerate(candidates):
+            if cand is not None:
+                est = self.estimate(s, cand[1], cand[2], cand[3])
+                if best is None or est > best[0]:
+                    best = (est, cand[0], _SOURCES[s])
+        return best
+
+    def _propose_in(self, context: "LookupContext", max_tokens: int, min_survival: float) -> LookupProposal:
+        tokens: list[int] = []
+        acceptance: list[float] = []
+        sources: list[str] = []
+        pushed: list[list[int]] = []  # the hashes each draft was pushed with (its pop reuses them)
+        survival = 1.0
+        try:
+            for _ in range(max(0, int(max_tokens))):
+                if survival < min_survival:
+                    break
+                hashes = _suffix_hashes(context.ids, self.max_order)
+                best = self._best(self._corpus_candidate(context.ids, hashes), context.candidate(hashes))
+                if best is None:
+                    break
+                tokens.append(best[1]); acceptance.append(best[0]); sources.append(best[2])  # noqa: E702
+                context.push(best[1], hashes)
+                pushed.append(hashes)
+                survival *= best[0]
+        finally:
+            for hashes in reversed(pushed):
+                context.pop(hashes)
         return LookupProposal(tokens, acceptance, sources)
 
     def calibration_report(self) -> dict:
@@ -447,6 +513,80 @@ class NgramLookup:
                                      f.get_tensor(f"total.{n}")))
             calibration = f.get_tensor("calibration")
         return cls(tables, max_order, calibration, json.loads(metadata.get("meta", "{}")))
+
+
+class LookupContext:
+    """The context table of one growing sequence, kept incrementally (`NgramLookup.context`).
+
+    `NgramLookup.propose` on a plain sequence re-hashes every window of the whole sequence for every draft it
+    proposes (about 1.4 ms per call on a 300-token sequence, one call per row per round in the batched loop). This
+    keeps, per order n, each window hash with the starts of its earlier occurrences that have a continuation, so a
+    call costs a few dictionary lookups per draft, and the sequence's new tokens are indexed once (`extend`). Its
+    candidates are exactly `NgramLookup._context_candidate`'s: the same hashes, the same longest-suffix, frequency
+    and recency rules, the same match length.
+    """
+
+    def __init__(self, max_order: int, ids: Sequence[int] = ()) -> None:
+        if max_order < 1:
+            raise ValueError(f"max_order must be >= 1, got {max_order}")
+        self.max_order = int(max_order)
+        self.ids: list[int] = []
+        self._starts: list[dict[int, list[int]]] = [{} for _ in range(self.max_order + 1)]
+        self.extend(ids)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def extend(self, tokens: Iterable[int]) -> None:
+        """Appends tokens to the held sequence (indexing each once)."""
+        for t in tokens:
+            self.push(int(t))
+
+    def push(self, token: int, hashes: list[int] | None = None) -> None:
+        """Appends one token: the windows that end just before it now have a continuation. `hashes`: the held
+        sequence's `_suffix_hashes` before the push, where the caller has them already."""
+        end = len(self.ids)
+        hashes = _suffix_hashes(self.ids, self.max_order, end) if hashes is None else hashes
+        for n, h in enumerate(hashes[1:], start=1):
+            self._starts[n].setdefault(h, []).append(end - n)
+        self.ids.append(int(token))
+
+    def pop(self, hashes: list[int] | None = None) -> int:
+        """Removes the last token (undoes the last `push`) and returns it. `hashes`: those the push was given."""
+        if not self.ids:
+            raise IndexError("pop from an empty LookupContext")
+        token = self.ids.pop()
+        end = len(self.ids)
+        hashes = _suffix_hashes(self.ids, self.max_order, end) if hashes is None else hashes
+        for n, h in enumerate(hashes[1:], start=1):
+            starts = self._starts[n][h]
+            starts.pop()
+            if not starts:
+                del self._starts[n][h]
+        return token
+
+    def candidate(self, hashes: list[int] | None = None) -> tuple[int, int, int, int] | None:
+        """`NgramLookup._context_candidate` of the held sequence: (token, order, best count, total) or None.
+        `hashes`: `_suffix_hashes(self.ids, max_order)` where the caller has them already."""
+        ids = self.ids
+        length = len(ids)
+        if length < 2:
+            return None
+        hashes = _suffix_hashes(ids, self.max_order) if hashes is None else hashes
+        for n in range(min(self.max_order, length - 1), 0, -1):
+            starts = self._starts[n].get(hashes[n])
+            if not starts:
+                continue
+            nxt = [ids[k + n] for k in starts]
+            counts: dict[int, int] = {}
+            for t in nxt:
+                counts[t] = counts.get(t, 0) + 1
+            top = max(counts.values())
+            token = next(t for t in reversed(nxt) if counts[t] == top)  # the most recent of the most frequent
+            if n == self.max_order:
+                n = _match_length(ids, [k for k, t in zip(starts, nxt) if t == token], n, self.max_order)
+            return token, n, top, len(starts)
+        return None
 
 
 def merge_lookup_drafts(block, proposals: Sequence[LookupProposal], do_sample: bool):
