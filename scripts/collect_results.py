@@ -368,6 +368,11 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies scheduled --concurrency 16 64 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
      "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_realized_gsm"),
+    ("bench_smollm2_realized_gsm_low/bench.md",
+     "The same code at 1 and 4 requests, with `fixed` (run while a training job used the other core)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies fixed scheduled --concurrency 1 4 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_realized_gsm_low"),
     ("training_smollm2_dspark_vs_dflash_1200/training.md",
      "DSpark vs the DFlash baseline at an equal budget, twice the steps (1,200; issue 14 goal: >= 1.15x)",
      "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_1200 "
