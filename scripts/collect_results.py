@@ -373,6 +373,10 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies fixed scheduled --concurrency 1 4 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
      "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_realized_gsm_low"),
+    ("decode_only/decode_only_c16.md",
+     "16 requests with the prefill timed apart: where the scheduled call's loss is (decoding, not the prefill)",
+     "OMP_NUM_THREADS=1 python scripts/bench_decode_only.py --concurrency 16 --repeats 3 "
+     "--sps results/bench_smollm2_realized_gsm/sps-rows16.json --out results/decode_only"),
     ("training_smollm2_dspark_vs_dflash_1200/training.md",
      "DSpark vs the DFlash baseline at an equal budget, twice the steps (1,200; issue 14 goal: >= 1.15x)",
      "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_1200 "

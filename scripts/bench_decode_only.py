@@ -1,0 +1,118 @@
+"""Batched decoding with the prefill timed apart: transformers' plain `generate()` vs `dspark_hf.generate` (scheduled,
+lookup drafts), as `dspark-hf bench` runs them, on the real SmolLM2-135M-Instruct target (issue 14, 16 requests).
+
+    OMP_NUM_THREADS=1 python scripts/bench_decode_only.py --concurrency 16 --repeats 3 \
+        --sps results/bench_smollm2_realized_gsm/sps-rows16.json [--out results/decode_only]
+
+At 16 requests the prefill of the prompts is about half of a call and moves between runs of the same work by more
+than the whole difference in decoding, so end-to-end ratios cannot say where a few percent go. A forward hook on the
+target times its first forward of each call (the prefill, the same work for both); decode = call - prefill. Both
+methods run `--repeats` times, interleaved (order alternating), medians reported; outputs checked identical.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from pathlib import Path
+
+import torch
+
+import dspark_hf
+from dspark_hf.decoding.sps import SPSTable
+from dspark_hf.evaluation.throughput import _prompts
+from dspark_hf.models.modeling_dspark import DSparkDrafter
+from dspark_hf.models.prepacked import prepack_linears
+from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenance
+from dspark_hf.testbed.release import resolve_lookup
+from dspark_hf.testbed.targets import load_target
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--concurrency", type=int, default=16)
+    p.add_argument("--max-new-tokens", type=int, default=48)
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--prompt-set", default="gsm_symbolic")
+    p.add_argument("--drafter", default="results/training_smollm2_bf16/drafter")
+    p.add_argument("--sps", required=True, help="SPS table in the rounds' layout (sps-rows<C>.json)")
+    p.add_argument("--out", help="folder for decode_only.json / .md")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    target, tok = load_target("smollm2-135m-instruct")
+    prepack_linears(target)
+    dspark_hf.use_gqa_attention(target)
+    drafter = DSparkDrafter.from_pretrained(args.drafter, target=target).eval()
+    lookup = resolve_lookup("release", "smollm2-135m-instruct")
+    c = args.concurrency
+    sps = SPSTable.load(args.sps, target=target, reprofile=True, max_tokens=c * (drafter.config.block_size + 1))
+    ids, mask = _prompts(target, tok, c, 0, args.prompt_set)
+    width = ids.shape[1]
+    first: list[float] = []
+
+    def pre(module, a, k):
+        first.append(time.perf_counter())
+
+    def post(module, a, k, out):
+        if len(first) == 1:
+            first.append(time.perf_counter())
+    target.register_forward_pre_hook(pre, with_kwargs=True)
+    target.register_forward_hook(post, with_kwargs=True)
+
+    def run(method: str):
+        first.clear()
+        start = time.perf_counter()
+        with torch.no_grad():
+            if method == "hf plain":
+                out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
+                                      do_sample=False, eos_token_id=int(target.config.vocab_size))
+            else:
+                out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens,
+                                         policy="scheduled", sps=sps, eos_token_id=[], lookup=lookup)
+        total = time.perf_counter() - start
+        return total, first[1] - first[0], out[:, width:]
+
+    methods = ["hf plain", "scheduled"]
+    run("hf plain"), run("scheduled")  # warm-up
+    times = {m: [] for m in methods}
+    outs = {}
+    for rep in range(args.repeats):
+        for m in (methods if rep % 2 == 0 else methods[::-1]):
+            total, prefill, outs[m] = run(m)
+            times[m].append((total, prefill))
+            print(f"[{rep}] {m:9s} total {total:6.2f} s  prefill {prefill:6.2f} s  decode {total - prefill:6.2f} s",
+                  flush=True)
+    identical = bool(torch.equal(outs["hf plain"], outs["scheduled"]))
+    rows = []
+    for m in methods:
+        total = statistics.median(t for t, _ in times[m])
+        prefill = statistics.median(p for _, p in times[m])
+        decode = statistics.median(t - p for t, p in times[m])
+        rows.append(dict(method=m, total_s=total, prefill_s=prefill, decode_s=decode))
+    base = rows[0]
+    for r in rows:
+        r["total_ratio"] = base["total_s"] / r["total_s"]
+        r["decode_ratio"] = base["decode_s"] / r["decode_s"]
+        print(f"{r['method']:9s} total {r['total_s']:6.2f} s ({r['total_ratio']:.2f}x)  prefill {r['prefill_s']:6.2f} s"
+              f"  decode {r['decode_s']:6.2f} s ({r['decode_ratio']:.2f}x)", flush=True)
+    print(f"identical outputs: {identical}")
+    if args.out:
+        out = Path(args.out)
+        out.mkdir(parents=True, exist_ok=True)
+        prov = provenance()
+        atomic_write_json(out / f"decode_only_c{c}.json",
+                          dict(provenance=prov, args=vars(args), rows=rows, identical=identical,
+                               repeats={m: times[m] for m in methods}))
+        lines = [f"# Decode-only: transformers' plain generate vs scheduled + lookup, {c} requests", "",
+                 f"Device: {prov['device']}; commit `{prov['git_commit']}`. {args.prompt_set} prompts, "
+                 f"{args.max_new_tokens} new tokens, median of {args.repeats} interleaved repeats, identical outputs: "
+                 f"{'yes' if identical else 'NO'}. Ratios > 1: faster than transformers.", "",
+                 "| method | total s | prefill s | decode s | total ratio | decode ratio |", "|---|---|---|---|---|---|"]
+        lines += [f"| {r['method']} | {r['total_s']:.2f} | {r['prefill_s']:.2f} | {r['decode_s']:.2f} | "
+                  f"{r['total_ratio']:.2f}x | {r['decode_ratio']:.2f}x |" for r in rows]
+        atomic_write_text(out / f"decode_only_c{c}.md", "\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    main()
