@@ -16,7 +16,7 @@ import dspark_hf
 from conftest import (bias_markov_head, exact_joint, fixed_confidence_drafter, generated_rows, greedy_continuation,
                       greedy_reference, left_pad, make_drafter, make_target, sps_curve)
 from dspark_hf.models.candidate_generator import AssistOptions, LookupAssistant
-from dspark_hf.models.lookup import LookupContext, NgramLookup, _suffix_hash, _suffix_hashes, _window_hashes
+from dspark_hf.models.lookup import LookupContext, NgramLookup, _suffix_hashes, _window_hashes
 
 
 def _all(seqs):
@@ -41,21 +41,17 @@ def test_ties_go_to_the_smaller_id_and_only_answer_tokens_are_predicted():
     assert lookup._corpus_candidate([8]) is None  # 8 -> 1 is a prompt token: not counted
 
 
-def test_window_hash_of_a_suffix_matches_the_vectorised_hashes():
+def test_suffix_hashes_of_all_orders_match_the_vectorised_window_hashes():
+    """The lookup's per-call suffix hashes (every order in one pass) equal the hashes the table was built from."""
     rng = np.random.default_rng(0)
     ids = rng.integers(0, 50_000, size=40)
     hashes = _window_hashes(ids, 8)
-    for n in range(1, 9):
-        for end in (n, 17, 40):
-            assert _suffix_hash(ids[:end].tolist(), n) == hashes[n][end - n]
-
-
-def test_suffix_hashes_of_all_orders_equal_the_one_order_hash():
-    ids = np.random.default_rng(2).integers(0, 50_000, size=30).tolist()
-    for end in (1, 5, 30):
-        hashes = _suffix_hashes(ids, 8, end)
-        assert len(hashes) == min(8, end) + 1
-        assert [int(_suffix_hash(ids[:end], n)) for n in range(1, len(hashes))] == hashes[1:]
+    for end in (1, 5, 8, 17, 40):
+        suffix = _suffix_hashes(ids.tolist(), 8, end)
+        assert len(suffix) == min(8, end) + 1
+        for n in range(1, len(suffix)):
+            assert suffix[n] == hashes[n][end - n]
+    assert _suffix_hashes(ids.tolist()[:17], 8) == _suffix_hashes(ids.tolist(), 8, 17)  # `end` defaults to the length
 
 
 def test_an_incremental_context_proposes_exactly_what_the_whole_sequence_does():

@@ -64,21 +64,13 @@ def _window_hashes(ids: np.ndarray, max_order: int) -> list[np.ndarray]:
     return out
 
 
-def _suffix_hash(ids: Sequence[int], n: int) -> np.uint64:
-    h = np.uint64(0)
-    with np.errstate(over="ignore"):
-        for t in ids[len(ids) - n:]:
-            h = h * _P + np.uint64(int(t) + 1)
-    return h
-
-
 _MASK = (1 << 64) - 1
 _P_INT = int(_P)
 
 
 def _suffix_hashes(seq: Sequence[int], max_order: int, end: int | None = None) -> list[int]:
     """`[0, h_1, ..., h_m]`: the hash of the last n tokens of `seq[:end]` for n = 1..m, m = min(max_order, end), as
-    Python ints (the same values `_suffix_hash` computes, from one pass over at most `max_order` tokens)."""
+    Python ints (the values `_window_hashes` gives those windows, from one pass over at most `max_order` tokens)."""
     end = len(seq) if end is None else end
     out, h, power = [0], 0, 1
     for n in range(1, min(max_order, end) + 1):
@@ -94,7 +86,7 @@ def _match_length(arr: Sequence[int], starts: Sequence[int], n: int, max_order: 
     cap = 2 * max_order
     length = len(arr)
     best = n
-    for k in list(starts)[::-1][:8]:
+    for k in starts[::-1][:8]:
         k = int(k)
         m = n
         while m < cap and k - (m - n) - 1 >= 0 and arr[k - (m - n) - 1] == arr[length - m - 1]:
