@@ -37,6 +37,10 @@ def main() -> None:
     p.add_argument("--prompt-set", default="gsm_symbolic")
     p.add_argument("--drafter", default="results/training_smollm2_bf16/drafter")
     p.add_argument("--sps", required=True, help="SPS table in the rounds' layout (sps-rows<C>.json)")
+    p.add_argument("--methods", default="hf plain,scheduled",
+                   help="comma list from: hf plain, none (dspark_hf's loop, no drafts), scheduled (drafter + lookup), "
+                        "scheduled-nolookup (drafter only), scheduled-dropall (finished rows dropped at once), scheduled-old (dropped at once and holes compacted past "
+                        "2 verification widths: the loop before `Riders` / `compaction_pays`)")
     p.add_argument("--out", help="folder for decode_only.json / .md")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -50,6 +54,7 @@ def main() -> None:
     ids, mask = _prompts(target, tok, c, 0, args.prompt_set)
     width = ids.shape[1]
     first: list[float] = []
+    forwards: list[tuple[int, int, float]] = []  # (rows, new tokens per row, seconds) of each decode forward
 
     def pre(module, a, k):
         first.append(time.perf_counter())
@@ -57,45 +62,66 @@ def main() -> None:
     def post(module, a, k, out):
         if len(first) == 1:
             first.append(time.perf_counter())
+        else:
+            x = k.get("input_ids") if k.get("input_ids") is not None else k.get("inputs_embeds")
+            forwards.append((int(x.shape[0]), int(x.shape[1]), time.perf_counter() - first[-1]))
+            first.pop()
     target.register_forward_pre_hook(pre, with_kwargs=True)
     target.register_forward_hook(post, with_kwargs=True)
 
     def run(method: str):
         first.clear()
+        forwards.clear()
         start = time.perf_counter()
         with torch.no_grad():
             if method == "hf plain":
                 out = target.generate(input_ids=ids, attention_mask=mask, max_new_tokens=args.max_new_tokens,
                                       do_sample=False, eos_token_id=int(target.config.vocab_size))
-            else:
+            elif method == "none":
                 out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens,
-                                         policy="scheduled", sps=sps, eos_token_id=[], lookup=lookup)
+                                         speculate=False, eos_token_id=[])
+            else:
+                kwargs = dict(lookup=None) if method == "scheduled-nolookup" else dict(lookup=lookup)
+                if method in ("scheduled-dropall", "scheduled-old"):
+                    kwargs["drop_finished"] = "always"
+                if method == "scheduled-old":
+                    kwargs["hole_budget"] = 2 * (drafter.config.block_size + 1)
+                out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens,
+                                         policy="scheduled", sps=sps, eos_token_id=[], **kwargs)
         total = time.perf_counter() - start
-        return total, first[1] - first[0], out[:, width:]
+        return total, first[1] - first[0], out[:, width:], list(forwards)
 
-    methods = ["hf plain", "scheduled"]
-    run("hf plain"), run("scheduled")  # warm-up
+    methods = [m.strip() for m in args.methods.split(",")]
+    for m in methods:
+        run(m)  # warm-up
     times = {m: [] for m in methods}
+    fwd = {m: [] for m in methods}
     outs = {}
     for rep in range(args.repeats):
         for m in (methods if rep % 2 == 0 else methods[::-1]):
-            total, prefill, outs[m] = run(m)
+            total, prefill, outs[m], f = run(m)
             times[m].append((total, prefill))
-            print(f"[{rep}] {m:9s} total {total:6.2f} s  prefill {prefill:6.2f} s  decode {total - prefill:6.2f} s",
-                  flush=True)
-    identical = bool(torch.equal(outs["hf plain"], outs["scheduled"]))
+            fwd[m].append(f)
+            in_fwd = sum(s for _, _, s in f)
+            print(f"[{rep}] {m:9s} total {total:6.2f} s  prefill {prefill:6.2f} s  decode {total - prefill:6.2f} s "
+                  f"(forwards {len(f)}: {in_fwd:6.2f} s, outside {total - prefill - in_fwd:5.2f} s; widths "
+                  f"{sorted(set(w for _, w, _ in f))})", flush=True)
+    identical = all(torch.equal(outs[methods[0]], outs[m]) for m in methods)
     rows = []
     for m in methods:
         total = statistics.median(t for t, _ in times[m])
         prefill = statistics.median(p for _, p in times[m])
         decode = statistics.median(t - p for t, p in times[m])
-        rows.append(dict(method=m, total_s=total, prefill_s=prefill, decode_s=decode))
+        in_fwd = statistics.median(sum(s for _, _, s in f) for f in fwd[m])
+        rows.append(dict(method=m, total_s=total, prefill_s=prefill, decode_s=decode, forwards=len(fwd[m][-1]),
+                         forward_s=in_fwd, outside_s=decode - in_fwd))
     base = rows[0]
     for r in rows:
         r["total_ratio"] = base["total_s"] / r["total_s"]
         r["decode_ratio"] = base["decode_s"] / r["decode_s"]
         print(f"{r['method']:9s} total {r['total_s']:6.2f} s ({r['total_ratio']:.2f}x)  prefill {r['prefill_s']:6.2f} s"
-              f"  decode {r['decode_s']:6.2f} s ({r['decode_ratio']:.2f}x)", flush=True)
+              f"  decode {r['decode_s']:6.2f} s ({r['decode_ratio']:.2f}x; forwards {r['forwards']} in "
+              f"{r['forward_s']:.2f} s, outside them {r['outside_s']:.2f} s)", flush=True)
     print(f"identical outputs: {identical}")
     if args.out:
         out = Path(args.out)
@@ -108,8 +134,10 @@ def main() -> None:
                  f"Device: {prov['device']}; commit `{prov['git_commit']}`. {args.prompt_set} prompts, "
                  f"{args.max_new_tokens} new tokens, median of {args.repeats} interleaved repeats, identical outputs: "
                  f"{'yes' if identical else 'NO'}. Ratios > 1: faster than transformers.", "",
-                 "| method | total s | prefill s | decode s | total ratio | decode ratio |", "|---|---|---|---|---|---|"]
+                 "| method | total s | prefill s | decode s | decode forwards | in them s | outside them s | "
+                 "total ratio | decode ratio |", "|---|---|---|---|---|---|---|---|---|"]
         lines += [f"| {r['method']} | {r['total_s']:.2f} | {r['prefill_s']:.2f} | {r['decode_s']:.2f} | "
+                  f"{r['forwards']} | {r['forward_s']:.2f} | {r['outside_s']:.2f} | "
                   f"{r['total_ratio']:.2f}x | {r['decode_ratio']:.2f}x |" for r in rows]
         atomic_write_text(out / f"decode_only_c{c}.md", "\n".join(lines) + "\n")
 

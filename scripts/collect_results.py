@@ -374,9 +374,23 @@ SECTIONS = [
      "--policies fixed scheduled --concurrency 1 4 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
      "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_realized_gsm_low"),
     ("decode_only/decode_only_c16.md",
-     "16 requests with the prefill timed apart: where the scheduled call's loss is (decoding, not the prefill)",
+     "16 requests with the prefill timed apart, and the decode split into target forwards and the rest: "
+     "transformers, the loop without drafts, scheduled (finished rows riding, holes compacted where it pays, one "
+     "draft per row in a source's first round) and scheduled as the loop ran before those (`scheduled-old`)",
      "OMP_NUM_THREADS=1 python scripts/bench_decode_only.py --concurrency 16 --repeats 3 "
+     "--methods 'hf plain,none,scheduled,scheduled-old' "
      "--sps results/bench_smollm2_realized_gsm/sps-rows16.json --out results/decode_only"),
+    ("bench_smollm2_riders_gsm/bench.md",
+     "Scheduled vs no speculation at 16 and 64 requests after the cache-copy and probe changes (riders, paid "
+     "compaction, one-draft first rounds; run while a training job used the other core; issue 14 goal: >= 0.97x)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies scheduled --concurrency 16 64 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_riders_gsm"),
+    ("bench_smollm2_riders_gsm_low/bench.md",
+     "The same code at 1 and 4 requests, with `fixed`",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies fixed scheduled --concurrency 1 4 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_riders_gsm_low"),
     ("training_smollm2_dspark_vs_dflash_1200/training.md",
      "DSpark vs the DFlash baseline at an equal budget, twice the steps (1,200; issue 14 goal: >= 1.15x)",
      "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_1200 "
@@ -385,6 +399,13 @@ SECTIONS = [
      "DSpark vs DFlash after 1,200 steps each: the final drafters on 24 held-out prompts",
      "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_1200 "
      "HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_1200.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("training_smollm2_dspark_2560_warm/training.md",
+     "The 1,200-step DSpark drafter trained on, on 2.5x the examples (2,560) for another 1,200 steps",
+     "RUNS=/work/runs bash scripts/train_warm_more_data.sh; dspark-hf training-report "
+     "--run dspark-2560-warm=/work/runs/dspark-2560-warm --out results/training_smollm2_dspark_2560_warm"),
+    ("heldout_tau/smollm2_dspark_2560_warm.md",
+     "The continued drafter, the drafter it started from and the release on 24 held-out prompts",
+     "RUNS=/work/runs bash scripts/train_warm_more_data.sh"),
 ]
 
 

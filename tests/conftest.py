@@ -295,12 +295,13 @@ class BatchOracle(DSparkDrafter):
             full, p = self.full[row], int(anchor_positions[i])
             assert full[p] == int(anchor_ids[i])  # the loop's positions and anchors are consistent
             cont = (full[p + 1: p + 1 + k] + [1] * k)[:k]
-            tokens.append([t if j < self.correct else (t + 1) % v for j, t in enumerate(cont)])
+            right = self.correct[row] if isinstance(self.correct, list) else self.correct
+            tokens.append([t if j < right else (t + 1) % v for j, t in enumerate(cont)])
         return _one_hot_block(torch.tensor(tokens), v, 0.8)
 
 
 def batch_oracle(target, prompts, max_new_tokens, correct, block_size=4) -> BatchOracle:
-    """A `BatchOracle` for the rows `prompts` (in this order), `correct` drafts right per round."""
+    """A `BatchOracle` for the rows `prompts` (in this order), `correct` drafts right per round (a list: per row)."""
     full = [p + greedy_reference(target, p, max_new_tokens + block_size + 2) for p in prompts]
     return _bound_copy(BatchOracle, target, block_size).setup(full, correct, target).eval()
 

@@ -313,7 +313,8 @@ def test_the_cost_curve_follows_the_rows_left(monkeypatch, target):
     original = round_state.MeasuredCost.set_rows
     monkeypatch.setattr(round_state.MeasuredCost, "set_rows", lambda self, r: seen.append(r) or original(self, r))
     out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=10, policy="scheduled", eos_token_id=[stop],
-                             sps=table, return_dict_in_generate=True, record_rounds=True)
+                             sps=table, return_dict_in_generate=True, record_rounds=True,
+                             drop_finished="always")  # (riders would stay in the forward, not in the records)
     assert seen == [len(r.rows) for r in out.rounds] and seen[0] == 4 and min(seen) < 4  # the rows of every round
     plain = dspark_hf.generate(target, None, ids, mask, max_new_tokens=10, eos_token_id=[stop], speculate=False)
     assert torch.equal(out.sequences, plain)
@@ -443,9 +444,30 @@ def test_lookup_only_rounds_keep_their_own_calibration():
         policy.observe(block, torch.full((4,), 2), torch.zeros(4, dtype=torch.long))  # drafter rounds: all rejected
     assert policy.calibration.kappa < 0.2 and policy.lookup_calibration.kappa == 1.0
     assert int(policy.lengths(block, torch.arange(4)).max()) == 0  # the drafter's estimates no longer pay
-    assert int(policy.lengths(block, torch.arange(4), with_drafter=False).max()) == 2  # the lookup's still do
+    # the lookup's still do; a source's first round verifies one draft per row (PROBE_LENGTH), however sure
+    assert int(policy.lengths(block, torch.arange(4), with_drafter=False).max()) == 1
     policy.observe(block, torch.full((4,), 2), torch.full((4,), 2), lookup_only=True)
     assert policy.lookup_calibration.kappa > 1.0 and policy.calibration.kappa < 0.2
+    assert int(policy.lengths(block, torch.arange(4), with_drafter=False).max()) == 2  # calibrated: the whole block
+
+
+def test_a_sources_first_round_verifies_one_draft_per_row():
+    """Uncalibrated estimates are bet on with one draft per row at most: a confident drafter that is wrong costs a
+    2-token forward, not a block-wide one; once a round was observed its calibrated estimates decide alone."""
+    from dspark_hf.decoding.round_state import PROBE_LENGTH, LengthPolicy, OnlineCalibration, RoundClock
+    from dspark_hf.models.drafting import DraftBlock
+
+    conf = torch.full((4, 5), 0.95)
+    block = DraftBlock(torch.zeros(4, 5, dtype=torch.long), logits=torch.zeros(4, 5, 3), confidences=conf,
+                       confidence_logits=torch.logit(conf))
+    curve = lambda b: 1.0 / (0.01 * (1.0 + 0.01 * torch.as_tensor(b, dtype=torch.float)))  # noqa: E731
+    policy = LengthPolicy("scheduled", 5, curve, 0.5, RoundClock(priced=True), padded=True,
+                          calibration=OnlineCalibration(), lookup_calibration=OnlineCalibration())
+    assert PROBE_LENGTH == 1 and int(policy.lengths(block, torch.arange(4)).max()) == 1
+    policy.observe(block, torch.ones(4, dtype=torch.long), torch.ones(4, dtype=torch.long))  # all accepted
+    assert int(policy.lengths(block, torch.arange(4)).max()) == 5
+    uncalibrated = LengthPolicy("scheduled", 5, curve, 0.5, RoundClock(priced=True), padded=True)
+    assert int(uncalibrated.lengths(block, torch.arange(4)).max()) == 5  # online_calibration=False: no probe cap
 
 
 def test_a_rounds_width_prices_the_overhead_as_often_as_rounds_draft():

@@ -166,10 +166,12 @@ def test_oracle_trees_whose_best_path_is_not_the_chain(chain_right, siblings, ri
     for i, p in enumerate(PROMPTS):
         assert rows[i] == _reference("qwen3", tuple(p))[:new], (chain_right, siblings, right_rank, i)
     expected = k if (right_rank and chain_right < k) else chain_right
+    first = 1 if policy == "scheduled" else 0  # (scheduled: the first round verifies depth 1 only, PROBE_LENGTH)
     for s in out.stats:  # every round but a row's last (cut by max_new_tokens) accepts `expected` drafts
-        assert all(a == expected + 1 for a in s.accepted_lengths[:-1]), s.accepted_lengths
+        assert all(a == expected + 1 for a in s.accepted_lengths[first:-1]), s.accepted_lengths
+        assert first == 0 or s.accepted_lengths[0] == min(expected, 1) + 1
     if right_rank and chain_right < k:  # the accepted path left the chain after `chain_right` chain drafts
-        full_rounds = [r for r in out.rounds[:-1] if r.tree_accepted is not None]
+        full_rounds = [r for r in out.rounds[first:-1] if r.tree_accepted is not None]
         assert all(bool((r.accepted == chain_right).all()) for r in full_rounds)
         assert all(bool((r.tree_accepted == k).all()) for r in full_rounds)
 
@@ -540,3 +542,39 @@ def test_priced_tree_sampling_matches_the_target_distribution(monkeypatch):
     branches = torch.cat([r.tree_verified - r.lengths for r in drafted])
     assert (branches > 0).float().mean() > 0.2
     assert (branches < 4).float().mean() > 0.2
+
+
+def test_trees_that_verified_at_a_loss_are_backed_off_to_chains(monkeypatch):
+    """Tree rounds feed `RealizedGain` as their own kind ("tree": rows + accepted path lengths); where that evidence
+    says trees lost time, the branch backoff drafts chains alone even though the cheap cost curve verifies branches
+    whenever a tree is grown (a nearly flat curve, every branch verified). Output is plain greedy either way."""
+    from dspark_hf.decoding import round_state
+    from dspark_hf.decoding import tree as tree_module
+
+    fed = []
+    verifying = round_state.RealizedGain.verifying_round
+    monkeypatch.setattr(round_state.RealizedGain, "verifying_round",
+                        lambda self, kind, seconds, tokens: fed.append((kind, tokens))
+                        or verifying(self, kind, seconds, tokens))
+    grown = []
+    original = tree_module._TreeGrower.grow
+    monkeypatch.setattr(tree_module._TreeGrower, "grow", lambda self: grown.append(1) or original(self))
+    target = _target("llama")
+    drafter = make_drafter(target)
+    ids, mask = left_pad(PROMPTS)
+    runs = {}
+    for trees_lose in (False, True):
+        monkeypatch.setattr(round_state.RealizedGain, "pays", lambda self, kind: not (trees_lose and kind == "tree"))
+        fed.clear(), grown.clear()
+        out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=40, policy="scheduled",
+                                 sps=lambda b: 1.0 / (1.0 + 0.00001 * b), tree_budget=6, tree_max_children=3,
+                                 measured_cost=False, count_round_overhead=False, return_dict_in_generate=True,
+                                 record_rounds=True)
+        for row, prompt in enumerate(PROMPTS):
+            assert generated_rows(out, ids.shape[1])[row] == _reference("llama", tuple(prompt))[:40], row
+        verifying_trees = [r for r in out.rounds if r.tree_verified is not None and int(r.tree_verified.max()) > 0]
+        assert [t for k, t in fed if k == "tree"] and all(k in ("tree", "drafter") for k, _ in fed)
+        tree_tokens = sorted(len(r.rows) + int(r.tree_accepted.sum()) for r in verifying_trees)
+        assert sorted(t for _, t in fed) == tree_tokens  # every verifying tree round, rows + accepted path
+        runs[trees_lose] = len(grown)
+    assert runs[True] < runs[False], runs

@@ -38,10 +38,14 @@ no drafter forward, a fraction of a millisecond per row from the row's increment
 under load a drafter that adds nothing next to the lookup stops costing its forward while the lookup's drafts keep
 being verified where they pay.
 
-Expected pay is checked against measured pay: `RealizedGain` times every plain round and every verifying chain round
-(drafting, bookkeeping and the wider forward included) and weighs the tokens each verifying round emitted at the
-plain rounds' rate; a kind of round (drafter, lookup-only) whose last verifying rounds lost time in sum is backed off
-even where its estimates say it pays and its probes are cheap. A round's width is priced with the measured per-round
+Expected pay is checked against measured pay: `RealizedGain` times every plain round and every verifying round
+(drafting, tree growth, bookkeeping and the wider forward included) and weighs the tokens each verifying round emitted
+at the plain rounds' rate; a kind of round (drafter, lookup-only, tree) whose last verifying rounds lost time in sum
+is backed off even where its estimates say it pays and its probes are cheap (trees: the next rounds draft chains
+alone, `BranchBackoff`, and the drafter itself once its chain rounds lose too). A source's first verifying round
+verifies one draft per row at most (`round_state.PROBE_LENGTH`): its estimates are not yet corrected by what rows
+accepted. Finished rows ride along while a drop's cache copy would cost more than their share of the rounds left
+(`round_state.Riders`), and holes are compacted where they cost more than the copy (`compaction_pays`). A round's width is priced with the measured per-round
 overhead scaled by the share of recent rounds the drafter ran (`RoundClock.cost(amortized=True)`): once a round has
 drafted its overhead is spent, and the rounds that emit what it did not verify pay that overhead only as often.
 
@@ -53,7 +57,7 @@ The state carried between rounds (rows and caches, outputs and statistics, round
 backoff) lives in `round_state`; `generate` is the round above, top to bottom.
 
 Memory bound: after every round each row's KV cache holds at most prompt + generated + `hole_budget` + (block + 1)
-columns (trees: + (1 + block + tree_budget); the widest row's, since rows share one cache tensor; left padding of
+columns (`hole_budget` by default 8 x (block + 1)) (trees: + (1 + block + tree_budget); the widest row's, since rows share one cache tensor; left padding of
 short prompts counts as holes and is compacted away too).
 
 Arguments: `generate` honours the keyword arguments it names and, from a `generation_config=` (a transformers
@@ -81,12 +85,14 @@ from transformers import GenerationConfig, PreTrainedModel
 from transformers.generation.stopping_criteria import MaxTimeCriteria, StoppingCriteriaList
 from transformers.utils import ModelOutput, logging
 
-from ..models.lookup import lookup_block, merge_lookup_drafts
+from ..models.lookup import LookupProposal, lookup_block, merge_lookup_drafts
 from ..models.modeling_dspark import DSparkDrafter
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthClock, IdleBackoff, LengthPolicy,
-                          MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, RowOutputs, RowStats,
-                          target_layer_ids)
-from .scheduler import POLICIES
+                          MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, Riders, RowOutputs,
+                          RowStats, target_layer_ids)
+from .scheduler import POLICIES, sps_values
+
+HOLE_CAP = 8  # default hole budget, in verification widths (compaction where it pays below it)
 from .sps import RowScaledCost, SPSTable, profile_sps, target_fingerprint
 from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, plans_growth
 from .tree_attention import check_tree_attention, verification_inputs
@@ -398,6 +404,7 @@ def generate(
     return_dict_in_generate: bool | None = None,
     generator: torch.Generator | None = None,
     hole_budget: int | None = None,
+    drop_finished: str = "auto",
     record_rounds: bool = False,
     count_round_overhead: bool = True,
     idle_backoff: bool = True,
@@ -435,7 +442,14 @@ def generate(
         return_dict_in_generate: return a `DSparkGenerateOutput` with per-row statistics.
         generator: RNG for drafting and verification (sampling).
         hole_budget: compact the KV caches once the widest row carries more than this many masked columns
-            (default 2 * (block_size + 1); with trees 2 * (1 + block_size + tree_budget)).
+            (rejected drafts, left padding). Default: where it pays (`round_state.compaction_pays`: holes x rounds
+            left >= cache columns, more than one verification width of holes), and always above 8 verification widths
+            (8 * (block_size + 1); with trees 8 * (1 + block_size + tree_budget)). At 16 rows a compaction costs
+            about a third of a one-token forward, more than a few holes cost the rounds left of a short call.
+        drop_finished: when finished rows leave the batch (and its caches): "auto" (default) drops them once the
+            rounds they would ride along cost more than the cache copy a drop makes (`round_state.Riders`: rows that
+            stop early go at once, rows that reach `max_new_tokens` in the last rounds ride to the end, as in plain
+            decoding), "always" as soon as they finish, "never" at the end. The output is the same either way.
         record_rounds: keep a `RoundRecord` per round in the output (for calibration and evaluation).
         count_round_overhead: for "scheduled" / "async", add the measured per-round cost outside the target's forward
             (drafting, bookkeeping; a running mean over past rounds) to the cost curve (see
@@ -516,7 +530,8 @@ def generate(
         spec = TreeSpec(budget=tree_budget, max_children=tree_max_children)
         attention = check_tree_attention(target, probe=True)
     width_max = 1 + block_size + (spec.budget if spec is not None else 0)  # tokens per row of a verification forward
-    hole_budget = 2 * width_max if hole_budget is None else int(hole_budget)
+    auto_holes = hole_budget is None  # compact where it pays (`compaction_pays`), at most 8 x width_max holes
+    hole_budget = HOLE_CAP * width_max if auto_holes else int(hole_budget)
     device = input_ids.device
     priced = speculate and policy in PRICED_POLICIES
     if priced:
@@ -533,7 +548,8 @@ def generate(
     # lookup-only rounds skip their proposals while they do not pay, only where those cost > 5% of a round
     lookup_backoff = IdleBackoff(enabled=True)
     lookup_only = lookup is not None and lookup_rounds and backoff.enabled
-    realized = RealizedGain()  # the verifying rounds' measured gains against plain rounds (chain rounds' backoff)
+    riders = Riders(drop_finished)  # finished rows: dropped, or riding along while a drop would cost more
+    realized = RealizedGain()  # the verifying rounds' measured gains against plain rounds (backoff of each kind)
     vocab_size = int(target.get_output_embeddings().weight.shape[0])
     branching = BranchBackoff(enabled=idle_backoff and priced and spec is not None and spec.budget > 0)
     criteria = settings.stopping_criteria(stopping_criteria)
@@ -547,7 +563,11 @@ def generate(
 
     def lookup_proposals(width: int) -> list:  # each active row's lookup continuation of its sequence so far
         proposals = []
-        for r in rows.ids.tolist():
+        done = outputs.done(rows.ids).tolist()
+        for i, r in enumerate(rows.ids.tolist()):
+            if done[i]:  # a finished row riding along (`Riders`): nothing to draft
+                proposals.append(LookupProposal([], [], []))
+                continue
             generated = outputs.count(r)
             if r in contexts:  # index only the tokens since the last proposal
                 context, indexed = contexts[r]
@@ -567,10 +587,20 @@ def generate(
 
     # ---------------------------------------------------------------- rounds
     while True:
-        rows.drop(finished)
-        if len(rows) == 0:
+        if len(rows) == 0 or bool(finished.all()):
             break
-        rows.compact_holes(hole_budget)
+        riding = int(finished.sum())
+        if riding and riders.drop_now(riding, len(rows), rows.kv_valid.shape[1], int(outputs.left(rows.ids).max()),
+                                      share=_rider_share(cost, len(rows), riding)):
+            drop_start, shape = time.perf_counter(), tuple(rows.kv_valid.shape)
+            rows.drop(finished)
+            riders.observe_drop(time.perf_counter() - drop_start, *shape)
+            finished, riding = torch.zeros(len(rows), dtype=torch.bool), 0
+        live_rows = len(rows) - riding
+        if auto_holes:
+            rows.compact_holes(hole_budget, riders.rounds_left(int(outputs.left(rows.ids).max())), floor=width_max)
+        else:
+            rows.compact_holes(hole_budget)
         if isinstance(cost, MeasuredCost):  # priced (and recorded) at this round's rows
             cost.set_rows(len(rows))
         elif isinstance(cost, RowScaledCost):
@@ -636,7 +666,9 @@ def generate(
                 chain = DraftTree.from_block(block)
                 admitted = choose.admit(chain, rows.ids)  # = schedule_prefix on a chain (async: one node history)
                 if backoff.enabled:
-                    backoff.observe(choose.tree_pays(chain, admitted), min_skip=choose.probe_skip(len(rows)))
+                    min_skip, proven = choose.probe_skip(len(rows)), realized.pays("drafter")
+                    backoff.observe(choose.tree_pays(chain, admitted) and proven,
+                                    min_skip=min_skip if proven else max(min_skip, 2))
                 if round_spec.budget > 0:
                     branching.observe(False)
                 lengths = torch.minimum(admitted.sum(dim=1), outputs.remaining(rows.ids))
@@ -644,11 +676,13 @@ def generate(
             else:
                 admitted = choose.admit(drafted, rows.ids)
                 steps = drafting.steps if drafting is not None else 0
-                if backoff.enabled:
-                    backoff.observe(choose.tree_pays(drafted, admitted, growth_steps=steps),
-                                    min_skip=choose.probe_skip(len(rows)))
-                if round_spec.budget > 0:
-                    branching.observe(bool(admitted[:, drafted.num_chain:].any()))
+                kind = "tree" if round_spec.budget > 0 else "drafter"
+                if backoff.enabled:  # (trees that verified at a loss: see RealizedGain; chain rounds judge "drafter")
+                    min_skip, proven = choose.probe_skip(len(rows)), realized.pays(kind)
+                    backoff.observe(choose.tree_pays(drafted, admitted, growth_steps=steps) and proven,
+                                    min_skip=min_skip if proven else max(min_skip, 2))
+                if round_spec.budget > 0:  # a branch verified, and trees recently gained what they cost
+                    branching.observe(bool(admitted[:, drafted.num_chain:].any()) and realized.pays("tree"))
                 admitted &= drafted.depths.cpu() <= outputs.remaining(rows.ids)[:, None]  # never past max_new_tokens
                 block = drafted  # (for the round record and the clock)
                 select_start = time.perf_counter()
@@ -717,7 +751,9 @@ def generate(
 
         # emit: cut at EOS / stopping criteria / max_new_tokens, stream, count; finished rows go next round
         if record_rounds:
-            records.append(_round_record(rows.ids, block, tree, spec, lengths, result, from_lookup))
+            record = _round_record(rows.ids, block, tree, spec, lengths, result, from_lookup)
+            records.append(_without_riders(record, ~finished) if riding else record)
+        emitted = live_rows + int(result.num_accepted.sum())  # (riders verify nothing: they accept nothing)
         finished = outputs.emit(rows.ids, result.tokens, result.num_new, lengths, result.num_accepted)
         clock.count_round(drafted=block is not None and not from_lookup)  # (the rounds that pay the measured overhead)
         if block is not None and not from_lookup:  # the per-round overhead the cost curve does not see: all but the
@@ -729,10 +765,12 @@ def generate(
         if backoff.enabled:  # what the round actually cost and emitted, against the plain rounds' rate
             round_seconds = time.perf_counter() - round_start - one_time
             if block is None:
-                realized.plain_round(round_seconds, len(result.num_accepted))
+                realized.plain_round(round_seconds, live_rows)
             elif width > 1 and tree is None:
-                realized.verifying_round("lookup" if from_lookup else "drafter", round_seconds,
-                                         len(result.num_accepted) + int(result.num_accepted.sum()))
+                realized.verifying_round("lookup" if from_lookup else "drafter", round_seconds, emitted)
+            elif width > 1:  # a tree round: "tree" when it drafted branches, else the drafter's chain as a tree
+                realized.verifying_round("tree" if round_spec.budget > 0 else "drafter", round_seconds, emitted)
+        riders.observe_round(time.perf_counter() - round_start - one_time, live_rows, emitted)
 
     if streamer is not None:
         streamer.end()
@@ -768,6 +806,25 @@ def _round_record(ids: torch.Tensor, block: Any, tree: Any, spec: TreeSpec | Non
     return RoundRecord(rows=ids.clone(), lengths=chain_verified, accepted=chain_accepted,
                        confidence_logits=confidence_logits, drafts=block.tokens[:, :k].cpu().clone(),
                        tree_verified=lengths.cpu().clone(), tree_accepted=result.num_accepted.cpu().clone())
+
+
+def _rider_share(cost: Any, rows: int, riders: int) -> float | None:
+    """The share of a one-token forward of `rows` rows that its `riders` finished rows cost, from the cost curve's
+    slope between `rows` and `2 * rows` tokens (profiled sizes: a curve often starts at `rows`); None without one."""
+    if cost is None:
+        return None
+    seconds = 1.0 / sps_values(cost, torch.tensor([rows, 2 * rows]))
+    return float(riders * (seconds[1] - seconds[0]) / rows / seconds[0])
+
+
+def _without_riders(record: RoundRecord, live: torch.Tensor) -> RoundRecord:
+    """`record` restricted to the `[R]` (CPU) mask `live`: finished rows riding along are not part of the round."""
+    def pick(t: torch.Tensor | None) -> torch.Tensor | None:
+        return None if t is None else t[live.to(t.device)]
+    return RoundRecord(rows=pick(record.rows), confidence_logits=pick(record.confidence_logits),
+                       lengths=pick(record.lengths), accepted=pick(record.accepted), drafts=pick(record.drafts),
+                       tree_verified=pick(record.tree_verified), tree_accepted=pick(record.tree_accepted),
+                       lookup_only=record.lookup_only)
 
 
 def speculative_generate(

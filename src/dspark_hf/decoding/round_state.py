@@ -157,6 +157,7 @@ class RowOutputs:
         self.started = started
         self.buffer = torch.full((rows, max_new_tokens), pad_token_id, dtype=torch.long)  # generated tokens (CPU)
         self._counts = torch.zeros(rows, dtype=torch.long)  # tokens generated per row
+        self._done = torch.zeros(rows, dtype=torch.bool)  # finished rows (they may still ride in the batch: `Riders`)
         self._seconds = torch.zeros(rows, dtype=torch.float64)
         self._log: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []  # rows, l_r, acc, emitted
         self._stats: list[RowStats] | None = None
@@ -164,18 +165,29 @@ class RowOutputs:
     def remaining(self, rows: torch.Tensor) -> torch.Tensor:
         """`[R]` (CPU) drafts each of `rows` may still verify this round: its remaining tokens less the one the target
         always adds, at least 0."""
-        return (self.max_new_tokens - 1 - self._counts[rows]).clamp(min=0)
+        left = (self.max_new_tokens - 1 - self._counts[rows]).clamp(min=0)
+        return left.masked_fill(self._done[rows], 0)
+
+    def done(self, rows: torch.Tensor) -> torch.Tensor:
+        """`[R]` (CPU) whether each of `rows` has finished."""
+        return self._done[rows]
+
+    def left(self, rows: torch.Tensor) -> torch.Tensor:
+        """`[R]` (CPU) tokens each of `rows` may still emit (0 once finished)."""
+        return (self.max_new_tokens - self._counts[rows]).masked_fill(self._done[rows], 0)
 
     def emit(self, rows: torch.Tensor, tokens: torch.Tensor, counts: torch.Tensor, verified: torch.Tensor | None = None,
              accepted: torch.Tensor | None = None) -> torch.Tensor:
         """Appends `tokens[i, :counts[i]]` to row `rows[i]` (original index), cut at the first EOS, the first token on
         which a stopping criterion fires, or `max_new_tokens`, and streams them. With `verified` / `accepted` (the
         round's l_r and accepted drafts) the rows' `RowStats` record the round. All arguments are `[R]` / `[R, W]`
-        tensors. Returns the `[R]` (CPU) finished mask."""
+        tensors. Rows finished in an earlier round (riding along: `Riders`) take nothing and are not logged. Returns
+        the `[R]` (CPU) finished mask (earlier finished rows included)."""
         tokens, counts = tokens.cpu(), counts.cpu()
         width = tokens.shape[1]
         start = self._counts[rows]
-        take = torch.minimum(counts, self.max_new_tokens - start)  # tokens to append per row
+        was_done = self._done[rows]
+        take = torch.minimum(counts, self.max_new_tokens - start).masked_fill(was_done, 0)  # tokens to append per row
         slots = torch.arange(width)
         stop = torch.zeros(len(rows), dtype=torch.bool)
         if self._eos is not None:
@@ -187,11 +199,17 @@ class RowOutputs:
         keep = slots[None, :] < take[:, None]
         self.buffer[rows[:, None].expand(-1, width)[keep], (start[:, None] + slots[None, :])[keep]] = tokens[keep]
         self._counts[rows] = end = start + take
-        finished = stop | (end >= self.max_new_tokens)
-        if bool(finished.any()):
-            self._seconds[rows[finished]] = time.perf_counter() - self.started
+        finished = stop | (end >= self.max_new_tokens) | was_done
+        newly = finished & ~was_done
+        if bool(newly.any()):
+            self._seconds[rows[newly]] = time.perf_counter() - self.started
+            self._done[rows[newly]] = True
         if verified is not None:
-            self._log.append((rows.clone(), verified.cpu(), accepted.cpu(), counts.clone()))
+            live = ~was_done
+            if bool(was_done.any()):
+                self._log.append((rows[live], verified.cpu()[live], accepted.cpu()[live], counts[live]))
+            else:
+                self._log.append((rows.clone(), verified.cpu(), accepted.cpu(), counts.clone()))
         self._stats = None
         return finished
 
@@ -264,6 +282,15 @@ class RowOutputs:
 
 
 # ---------------------------------------------------------------------------------------------- rows and caches
+def compaction_pays(holes: int, columns: int, rounds_left: int) -> bool:
+    """Whether compacting a cache of `columns` columns, `holes` of them masked, saves more than it costs over the
+    `rounds_left` rounds to come. A compaction copies every column once; every forward reads every column in
+    attention and, with transformers' `DynamicCache`, copies it once more when it appends (`torch.cat`): measured at
+    16 rows of SmolLM2-135M, a column costs a forward about 1.25x what a compaction pays for it. Counting it at 1x,
+    the holes are worth removing once holes x rounds_left >= columns."""
+    return holes > 0 and holes * max(0, int(rounds_left)) >= columns
+
+
 def compact_target_cache(cache: DynamicCache, valid: torch.Tensor) -> torch.Tensor:
     """Moves every row's valid columns to the front of each layer and drops all-empty columns. Returns the new mask."""
     order = valid_first_order(valid)
@@ -385,10 +412,12 @@ class ActiveRows:
         self.num_valid = self.num_valid[keep.to(self.num_valid.device)]
         self.spare = self.kv_valid.shape[1] - int(self.num_valid.max()) if len(keep) else 0
 
-    def compact_holes(self, hole_budget: int) -> bool:
-        """Compacts both caches once the widest row carries more than `hole_budget` masked columns. Returns whether
-        it did."""
-        if self.spare <= hole_budget:
+    def compact_holes(self, hole_budget: int, rounds_left: int | None = None, floor: int = 0) -> bool:
+        """Compacts both caches once the widest row carries more than `hole_budget` masked columns, or, given
+        `rounds_left`, more than `floor` where `compaction_pays`. Returns whether it did."""
+        if self.spare <= hole_budget and not (
+                rounds_left is not None and self.spare > floor
+                and compaction_pays(self.spare, self.kv_valid.shape[1], rounds_left)):
             return False
         self.kv_valid = compact_target_cache(self.cache, self.kv_valid)
         if self.context is not None:
@@ -665,6 +694,9 @@ class OnlineCalibration:
         return out
 
 
+PROBE_LENGTH = 1  # drafts per row a source's first verifying round may verify (`LengthPolicy`)
+
+
 @dataclass
 class LengthPolicy:
     """A round's verification lengths l_r.
@@ -687,6 +719,11 @@ class LengthPolicy:
             are calibrated on held-out answers on their own, and a drafter whose first rounds accept nothing must not
             shrink them (with one shared factor, those rounds stopped verifying anything and, verifying nothing,
             never corrected it).
+
+    With a calibration, a source's first verifying round verifies at most `PROBE_LENGTH` (1) draft per row: its
+    estimates are then uncorrected, and out of domain they can be far off (at 16 rows on gsm_symbolic prompts the
+    release drafter's first round expected 27.8 extra tokens, verified 80 drafts in a 6-token forward, 2.7x a plain
+    one, and accepted none). One draft per row bounds that bet to a 2-token forward and still calibrates every row.
     """
 
     name: str
@@ -743,6 +780,9 @@ class LengthPolicy:
             lengths = async_width(conf, stale, cost) if self.padded else async_lengths(conf, stale, cost)
         if self.name == "async":  # only async reads past confidences
             self.history.push(conf, rows)
+        calibration = self.lookup_calibration if not with_drafter else self.calibration
+        if calibration is not None and not calibration.history:  # a first round: one draft per row (`probe_cap`)
+            lengths = lengths.clamp(max=PROBE_LENGTH)
         return lengths
 
     def admit(self, tree: DraftTree, rows: torch.Tensor) -> torch.Tensor:
@@ -766,6 +806,8 @@ class LengthPolicy:
                                   self.clock.cost(self.sps, amortized=True), **priced)
         if self.name == "async":
             self.history.push(survival, rows, valid)
+        if self.calibration is not None and not self.calibration.history:  # a first round: nodes of depth 1 only
+            admitted &= tree.depths.cpu() <= PROBE_LENGTH
         return admitted
 
     def growth_plan(self) -> GrowthPlan:
@@ -879,6 +921,82 @@ class RealizedGain:
         """Whether the kind's recent verifying rounds gained in sum (True without evidence)."""
         gains = self.gains.get(kind)
         return not gains or sum(gains) >= 0.0
+
+
+@dataclass
+class Riders:
+    """When to drop finished rows from the batch, and when to let them ride along to the end.
+
+    Dropping a row copies every layer's K/V cache (`batch_select_indices`): at 16 rows and 600 columns of
+    SmolLM2-135M about a fifth of a one-token forward. Under speculation rows reach `max_new_tokens` at different
+    rounds, so a call dropped rows one by one in its last rounds and paid several such copies that plain decoding
+    (which keeps finished rows to the end) never pays. A finished row that stays costs its share of each remaining
+    round (its one token is computed and discarded; it gets no drafts): from the cost curve, t(rows) - t(rows -
+    riders) over t(rows) (at 16 rows on a CPU about half of riders / rows), else riders / rows. So the rows are
+    dropped only when
+
+        share x rounds_left x round_seconds  >  drop_seconds,
+
+    where rounds_left = ceil(most tokens a live row may still emit / tokens per live row-round so far), round_seconds
+    is an average of this call's rounds and drop_seconds the measured seconds per cached row-column of the previous
+    drops times the cache's size (before any drop: `prior_share` of a round). A row that stops early (EOS, a stopping
+    criterion) with many tokens left for the others is dropped at once; rows that finish in the last rounds ride.
+    Past rounds only: the output does not change (riders emit nothing, verify nothing, and are left out of the
+    statistics).
+
+    Attributes:
+        mode: "auto" (the rule above), "always" (drop as soon as a row finishes) or "never" (ride to the end).
+        smoothing: weight of the newest round in `round_seconds`.
+        prior_share: a drop's cost, as a share of a round, until one is measured.
+    """
+
+    mode: str = "auto"
+    smoothing: float = 0.3
+    prior_share: float = 0.25
+    round_seconds: float | None = None
+    seconds_per_cell: float | None = None  # a drop's seconds per (row x cached column), measured
+    emitted: int = 0  # tokens emitted by live rows
+    row_rounds: int = 0  # live row-rounds
+
+    def __post_init__(self) -> None:
+        if self.mode not in ("auto", "always", "never"):
+            raise ValueError(f"drop_finished must be 'auto', 'always' or 'never', not {self.mode!r}")
+
+    def observe_round(self, seconds: float, live_rows: int, emitted: int) -> None:
+        """A round took `seconds`; its `live_rows` unfinished rows emitted `emitted` tokens in all."""
+        if seconds > 0:
+            old = self.round_seconds
+            self.round_seconds = seconds if old is None else (1 - self.smoothing) * old + self.smoothing * seconds
+        self.emitted += max(0, int(emitted))
+        self.row_rounds += max(0, int(live_rows))
+
+    def observe_drop(self, seconds: float, rows: int, columns: int) -> None:
+        """A drop from a cache of `rows` x `columns` took `seconds`."""
+        if rows > 0 and columns > 0 and seconds > 0:
+            self.seconds_per_cell = seconds / (rows * columns)
+
+    def rounds_left(self, tokens_left: int) -> int:
+        """Rounds until the live row with `tokens_left` tokens to go finishes, at this call's pace."""
+        pace = max(1.0, self.emitted / self.row_rounds) if self.row_rounds else 1.0
+        return math.ceil(tokens_left / pace)
+
+    def drop_now(self, riders: int, rows: int, columns: int, tokens_left: int, share: float | None = None) -> bool:
+        """Whether to drop the `riders` finished rows of a `rows` x `columns` cache now, the live rows having at most
+        `tokens_left` tokens to go. `share`: the riders' share of a round's forward (from the cost curve: t(rows) -
+        t(rows - riders) over t(rows); below riders / rows where a forward's cost grows slower than its rows);
+        default riders / rows."""
+        if riders <= 0:
+            return False
+        if riders >= rows or self.mode == "always":
+            return True
+        if self.mode == "never":
+            return False
+        if self.round_seconds is None:  # (rows that finished at their first token: nothing measured yet)
+            return True
+        drop = (self.seconds_per_cell * rows * columns if self.seconds_per_cell is not None
+                else self.prior_share * self.round_seconds)
+        share = riders / rows if share is None else min(1.0, max(0.0, float(share)))
+        return share * self.rounds_left(tokens_left) * self.round_seconds > drop
 
 
 @dataclass
