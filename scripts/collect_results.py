@@ -337,6 +337,11 @@ SECTIONS = [
     ("tree/batch1_priced_scheduled.md", "Trees with growth priced vs the chain at batch 1, scheduled policy (issue 13)",
      "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
      "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1 --policy scheduled --label priced_scheduled"),
+    ("tree/batch1_priced_scheduled_realized.md",
+     "The same, after tree rounds feed `RealizedGain` (trees that verified at a loss back off to chains; run while "
+     "a held-out evaluation used the other core)",
+     "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
+     "--max-new-tokens 64 --budgets 4 8 --repeats 1 --threads 1 --policy scheduled --label priced_scheduled_realized"),
     ("cpu_bf16/cpu_bf16.md", "bf16 autocast vs fp32 on a CPU without native bf16 (why `dspark-hf train` warns)",
      "OMP_NUM_THREADS=1 python scripts/bench_cpu_bf16.py --lengths 256 768 --repeats 3 --out results/cpu_bf16"),
     ("training_smollm2_dspark_vs_dflash/training.md",
