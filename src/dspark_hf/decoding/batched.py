@@ -12,8 +12,9 @@ One round, for all active rows at once:
    with explicit per-row positions and a 2-D mask over the cached columns + the new ones;
 4. each row accepts its longest valid prefix (greedy match or lossless rejection sampling) plus one target token;
 5. cache columns of rejected drafts and padding stay as masked *holes*; the drafter receives the target hidden
-   states of each row's verified tokens; finished rows (EOS, stopping criteria, `max_new_tokens`) are dropped;
-   holes are compacted once they exceed `hole_budget` columns.
+   states of each row's verified tokens; finished rows (EOS, stopping criteria, `max_new_tokens`) are dropped, or
+   ride along while a drop's cache copy would cost more (`drop_finished`); holes are compacted where they cost more
+   than the copy, and always past `hole_budget` columns.
 
 Tree drafts (`tree_budget=N`, see `tree`): step 1 drafts the chain plus up to N alternative nodes per row where the
 chain is fragile; step 2 picks the nodes each row verifies (the same policies over node survivals); step 3 feeds
@@ -57,8 +58,8 @@ The state carried between rounds (rows and caches, outputs and statistics, round
 backoff) lives in `round_state`; `generate` is the round above, top to bottom.
 
 Memory bound: after every round each row's KV cache holds at most prompt + generated + `hole_budget` + (block + 1)
-columns (`hole_budget` by default 8 x (block + 1)) (trees: + (1 + block + tree_budget); the widest row's, since rows share one cache tensor; left padding of
-short prompts counts as holes and is compacted away too).
+columns (`hole_budget` by default 8 x (block + 1); trees: + (1 + block + tree_budget); the widest row's, since rows
+share one cache tensor; left padding of short prompts counts as holes and is compacted away too).
 
 Arguments: `generate` honours the keyword arguments it names and, from a `generation_config=` (a transformers
 `GenerationConfig`) or transformers-style keyword arguments, `max_new_tokens` / `max_length`, `max_time`, `do_sample`,
