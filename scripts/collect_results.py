@@ -387,12 +387,12 @@ SECTIONS = [
      "--sps results/bench_smollm2_realized_gsm/sps-rows16.json --out results/decode_only"),
     ("bench_smollm2_riders_gsm/bench.md",
      "Scheduled vs no speculation at 16 and 64 requests after the cache-copy and probe changes (riders, paid "
-     "compaction, one-draft first rounds; run while a training job used the other core; issue 14 goal: >= 0.97x)",
+     "compaction, one-draft first rounds; training paused; issue 14 goal: >= 0.97x)",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies scheduled --concurrency 16 64 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
      "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_riders_gsm"),
     ("bench_smollm2_riders_gsm_low/bench.md",
-     "The same code at 1 and 4 requests, with `fixed`",
+     "The same code at 1 and 4 requests, with `fixed` (run while a held-out evaluation used the other core)",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies fixed scheduled --concurrency 1 4 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
      "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_riders_gsm_low"),
