@@ -391,6 +391,11 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies scheduled --concurrency 16 64 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
      "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_riders_gsm"),
+    ("bench_smollm2_riders_gsm_c16/bench.md",
+     "The same code at 16 requests again, 5 repeats, training paused (is the 16-request result robust?)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies scheduled --concurrency 16 --max-new-tokens 48 --repeats 5 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_riders_gsm_c16"),
     ("bench_smollm2_riders_gsm_low/bench.md",
      "The same code at 1 and 4 requests, with `fixed` (run while a held-out evaluation used the other core)",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
