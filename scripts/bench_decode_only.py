@@ -39,8 +39,9 @@ def main() -> None:
     p.add_argument("--sps", required=True, help="SPS table in the rounds' layout (sps-rows<C>.json)")
     p.add_argument("--methods", default="hf plain,scheduled",
                    help="comma list from: hf plain, none (dspark_hf's loop, no drafts), scheduled (drafter + lookup), "
-                        "scheduled-nolookup (drafter only), scheduled-dropall (finished rows dropped at once), scheduled-old (dropped at once and holes compacted past "
-                        "2 verification widths: the loop before `Riders` / `compaction_pays`)")
+                        "scheduled-nolookup (drafter only), scheduled-dropall (finished rows dropped at once), "
+                        "scheduled-old (dropped at once and holes compacted past 2 verification widths: the loop "
+                        "before `Riders` / `compaction_pays`)")
     p.add_argument("--out", help="folder for decode_only.json / .md")
     args = p.parse_args()
     torch.set_num_threads(1)

@@ -46,9 +46,10 @@ is backed off even where its estimates say it pays and its probes are cheap (tre
 alone, `BranchBackoff`, and the drafter itself once its chain rounds lose too). A source's first verifying round
 verifies one draft per row at most (`round_state.PROBE_LENGTH`): its estimates are not yet corrected by what rows
 accepted. Finished rows ride along while a drop's cache copy would cost more than their share of the rounds left
-(`round_state.Riders`), and holes are compacted where they cost more than the copy (`compaction_pays`). A round's width is priced with the measured per-round
-overhead scaled by the share of recent rounds the drafter ran (`RoundClock.cost(amortized=True)`): once a round has
-drafted its overhead is spent, and the rounds that emit what it did not verify pay that overhead only as often.
+(`round_state.Riders`), and holes are compacted where they cost more than the copy (`compaction_pays`). A round's
+width is priced with the measured per-round overhead scaled by the share of recent rounds the drafter ran
+(`RoundClock.cost(amortized=True)`): once a round has drafted its overhead is spent, and the rounds that emit what it
+did not verify pay that overhead only as often.
 
 A round that verifies no draft (the idle backoff skipped the drafter, the policy chose l_r = 0 everywhere, or
 `speculate=False`) is a plain decoding step: one token per row, `verify`'s K = 0 path, no compaction check (nothing
