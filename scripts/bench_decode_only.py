@@ -8,6 +8,9 @@ At 16 requests the prefill of the prompts is about half of a call and moves betw
 than the whole difference in decoding, so end-to-end ratios cannot say where a few percent go. A forward hook on the
 target times its first forward of each call (the prefill, the same work for both); decode = call - prefill. Both
 methods run `--repeats` times, interleaved (order alternating), medians reported; outputs checked identical.
+Decode time is further split into the target's decode forwards (timed by the same hooks) and the rest (drafting,
+lookup proposals, verification, bookkeeping, cache copies). `--methods` adds the loop without drafts and variants of
+the scheduled call (see `--help`).
 """
 
 from __future__ import annotations
