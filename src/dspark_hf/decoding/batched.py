@@ -93,13 +93,13 @@ from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthCloc
                           MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, Riders, RowOutputs,
                           RowStats, target_layer_ids)
 from .scheduler import POLICIES, sps_values
-
-HOLE_CAP = 8  # default hole budget, in verification widths (compaction where it pays below it)
 from .sps import RowScaledCost, SPSTable, profile_sps, target_fingerprint
 from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, plans_growth
 from .tree_attention import check_tree_attention, verification_inputs
 from .tree_verification import tree_verify
 from .verification import SamplingParams, verify
+
+HOLE_CAP = 8  # default hole budget, in verification widths (compaction where it pays below it)
 
 __all__ = [
     "DSparkGenerateOutput",
@@ -592,7 +592,8 @@ def generate(
         if len(rows) == 0 or bool(finished.all()):
             break
         riding = int(finished.sum())
-        if riding and riders.drop_now(riding, len(rows), rows.kv_valid.shape[1], int(outputs.left(rows.ids).max()),
+        tokens_left = int(outputs.left(rows.ids).max())  # (the longest live row's; riders have none)
+        if riding and riders.drop_now(riding, len(rows), rows.kv_valid.shape[1], tokens_left,
                                       share=_rider_share(cost, len(rows), riding)):
             drop_start, shape = time.perf_counter(), tuple(rows.kv_valid.shape)
             rows.drop(finished)
@@ -600,7 +601,7 @@ def generate(
             finished, riding = torch.zeros(len(rows), dtype=torch.bool), 0
         live_rows = len(rows) - riding
         if auto_holes:
-            rows.compact_holes(hole_budget, riders.rounds_left(int(outputs.left(rows.ids).max())), floor=width_max)
+            rows.compact_holes(hole_budget, riders.rounds_left(tokens_left), floor=width_max)
         else:
             rows.compact_holes(hole_budget)
         if isinstance(cost, MeasuredCost):  # priced (and recorded) at this round's rows
@@ -618,10 +619,10 @@ def generate(
             block = lookup_block(proposals, block_size, vocab_size, device=device)
             lengths = choose.lengths(block, rows.ids, with_drafter=False)
             lookup_seconds = time.perf_counter() - lookup_start
-            min_skip = choose.probe_skip(len(rows), probe_seconds=lookup_seconds)
-            proven = realized.pays("lookup")  # (a kind that verified at a loss is skipped even where probes are cheap)
-            lookup_backoff.observe(choose.pays(block, lengths, lookup_seconds=lookup_seconds) and proven,
-                                   min_skip=min_skip if proven else max(min_skip, 2))
+            # (a kind that verified at a loss is skipped even where probes are cheap)
+            lookup_backoff.observe(choose.pays(block, lengths, lookup_seconds=lookup_seconds),
+                                   min_skip=choose.probe_skip(len(rows), probe_seconds=lookup_seconds),
+                                   proven=realized.pays("lookup"))
             lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
             width = 1 + int(lengths.max())
         elif speculate and spec is None and not skipped:
@@ -640,10 +641,8 @@ def generate(
             draft_seconds = time.perf_counter() - draft_start - one_time
             lengths = choose.lengths(block, rows.ids)
             if backoff.enabled:
-                min_skip = choose.probe_skip(len(rows))
-                proven = realized.pays("drafter")
-                backoff.observe(choose.pays(block, lengths, alternative) and proven,
-                                min_skip=min_skip if proven else max(min_skip, 2))
+                backoff.observe(choose.pays(block, lengths, alternative), min_skip=choose.probe_skip(len(rows)),
+                                proven=realized.pays("drafter"))
             lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
             width = 1 + int(lengths.max())
         elif speculate and spec is not None and not skipped:  # tree drafts: the same round over nodes
@@ -668,9 +667,8 @@ def generate(
                 chain = DraftTree.from_block(block)
                 admitted = choose.admit(chain, rows.ids)  # = schedule_prefix on a chain (async: one node history)
                 if backoff.enabled:
-                    min_skip, proven = choose.probe_skip(len(rows)), realized.pays("drafter")
-                    backoff.observe(choose.tree_pays(chain, admitted) and proven,
-                                    min_skip=min_skip if proven else max(min_skip, 2))
+                    backoff.observe(choose.tree_pays(chain, admitted), min_skip=choose.probe_skip(len(rows)),
+                                    proven=realized.pays("drafter"))
                 if round_spec.budget > 0:
                     branching.observe(False)
                 lengths = torch.minimum(admitted.sum(dim=1), outputs.remaining(rows.ids))
@@ -680,9 +678,8 @@ def generate(
                 steps = drafting.steps if drafting is not None else 0
                 kind = "tree" if round_spec.budget > 0 else "drafter"
                 if backoff.enabled:  # (trees that verified at a loss: see RealizedGain; chain rounds judge "drafter")
-                    min_skip, proven = choose.probe_skip(len(rows)), realized.pays(kind)
-                    backoff.observe(choose.tree_pays(drafted, admitted, growth_steps=steps) and proven,
-                                    min_skip=min_skip if proven else max(min_skip, 2))
+                    backoff.observe(choose.tree_pays(drafted, admitted, growth_steps=steps),
+                                    min_skip=choose.probe_skip(len(rows)), proven=realized.pays(kind))
                 if round_spec.budget > 0:  # a branch verified, and trees recently gained what they cost
                     branching.observe(bool(admitted[:, drafted.num_chain:].any()) and realized.pays("tree"))
                 admitted &= drafted.depths.cpu() <= outputs.remaining(rows.ids)[:, None]  # never past max_new_tokens
@@ -771,7 +768,7 @@ def generate(
             elif width > 1 and tree is None:
                 realized.verifying_round("lookup" if from_lookup else "drafter", round_seconds, emitted)
             elif width > 1:  # a tree round: "tree" when it drafted branches, else the drafter's chain as a tree
-                realized.verifying_round("tree" if round_spec.budget > 0 else "drafter", round_seconds, emitted)
+                realized.verifying_round(kind, round_seconds, emitted)
         riders.observe_round(time.perf_counter() - round_start - one_time, live_rows, emitted)
 
     if streamer is not None:

@@ -165,8 +165,7 @@ class RowOutputs:
     def remaining(self, rows: torch.Tensor) -> torch.Tensor:
         """`[R]` (CPU) drafts each of `rows` may still verify this round: its remaining tokens less the one the target
         always adds, at least 0."""
-        left = (self.max_new_tokens - 1 - self._counts[rows]).clamp(min=0)
-        return left.masked_fill(self._done[rows], 0)
+        return (self.left(rows) - 1).clamp(min=0)
 
     def done(self, rows: torch.Tensor) -> torch.Tensor:
         """`[R]` (CPU) whether each of `rows` has finished."""
@@ -204,12 +203,9 @@ class RowOutputs:
         if bool(newly.any()):
             self._seconds[rows[newly]] = time.perf_counter() - self.started
             self._done[rows[newly]] = True
-        if verified is not None:
+        if verified is not None:  # (boolean indexing copies: the log keeps its own tensors)
             live = ~was_done
-            if bool(was_done.any()):
-                self._log.append((rows[live], verified.cpu()[live], accepted.cpu()[live], counts[live]))
-            else:
-                self._log.append((rows.clone(), verified.cpu(), accepted.cpu(), counts.clone()))
+            self._log.append((rows[live], verified.cpu()[live], accepted.cpu()[live], counts[live]))
         self._stats = None
         return finished
 
@@ -781,7 +777,7 @@ class LengthPolicy:
         if self.name == "async":  # only async reads past confidences
             self.history.push(conf, rows)
         calibration = self.lookup_calibration if not with_drafter else self.calibration
-        if calibration is not None and not calibration.history:  # a first round: one draft per row (`probe_cap`)
+        if calibration is not None and not calibration.history:  # a first round: one draft per row (PROBE_LENGTH)
             lengths = lengths.clamp(max=PROBE_LENGTH)
         return lengths
 
@@ -931,9 +927,9 @@ class Riders:
     SmolLM2-135M about a fifth of a one-token forward. Under speculation rows reach `max_new_tokens` at different
     rounds, so a call dropped rows one by one in its last rounds and paid several such copies that plain decoding
     (which keeps finished rows to the end) never pays. A finished row that stays costs its share of each remaining
-    round (its one token is computed and discarded; it gets no drafts): from the cost curve, t(rows) - t(rows -
-    riders) over t(rows) (at 16 rows on a CPU about half of riders / rows), else riders / rows. So the rows are
-    dropped only when
+    round (its one token is computed and discarded; it gets no drafts): from the cost curve's slope, riders x
+    (t(2 rows) - t(rows)) / rows over t(rows) (at 16 rows on a CPU about half of riders / rows; `batched._rider_share`),
+    else riders / rows. So the rows are dropped only when
 
         share x rounds_left x round_seconds  >  drop_seconds,
 
@@ -982,9 +978,8 @@ class Riders:
 
     def drop_now(self, riders: int, rows: int, columns: int, tokens_left: int, share: float | None = None) -> bool:
         """Whether to drop the `riders` finished rows of a `rows` x `columns` cache now, the live rows having at most
-        `tokens_left` tokens to go. `share`: the riders' share of a round's forward (from the cost curve: t(rows) -
-        t(rows - riders) over t(rows); below riders / rows where a forward's cost grows slower than its rows);
-        default riders / rows."""
+        `tokens_left` tokens to go. `share`: the riders' share of a round's forward (from the cost curve's slope;
+        below riders / rows where a forward's cost grows slower than its rows); default riders / rows."""
         if riders <= 0:
             return False
         if riders >= rows or self.mode == "always":
@@ -1034,9 +1029,13 @@ class IdleBackoff:
             return True
         return False
 
-    def observe(self, pays: bool, min_skip: int = 2) -> None:
+    def observe(self, pays: bool, min_skip: int = 2, proven: bool = True) -> None:
         """Records whether a drafting round paid. `min_skip`: the shortest skip to start (capped at `MAX_SKIP`), so
-        that a costly probe is amortised over enough skipped rounds (`LengthPolicy.probe_skip`)."""
+        that a costly probe is amortised over enough skipped rounds (`LengthPolicy.probe_skip`). `proven=False`
+        (`RealizedGain.pays`: the kind's recent verifying rounds lost time) counts the round as not paying and
+        starts a skip of at least 2 rounds, however cheap the probe."""
+        if not proven:
+            pays, min_skip = False, max(int(min_skip), 2)
         if pays:
             self.streak, self.skip_len = 0, 2
             return
