@@ -124,3 +124,29 @@ def test_streamer_with_a_batch_is_refused(llama):
     with pytest.raises(ValueError, match="batch size 1"):
         dspark_hf.generate(target, drafter, torch.tensor([PROMPT, PROMPT]), max_new_tokens=4, policy="fixed",
                            streamer=Collect())
+
+
+# ---------------------------------------------------------------------------------------------- num_drafting_tokens
+@pytest.mark.parametrize("cap", [1, 3, 20])
+def test_num_drafting_tokens_is_the_most_drafts_a_round_proposes(llama, cap):
+    """transformers >= 5.25 reads `candidate_generator.num_drafting_tokens` before its assisted loop starts (to size a
+    linear-attention cache's rollback history); it is the drafts-per-round cap, or the lookup's if that is longer."""
+    import copy
+
+    from dspark_hf.models.candidate_generator import AssistOptions, DSparkCandidateGenerator
+
+    target, drafter = llama
+    config = copy.deepcopy(target.generation_config)
+    config.num_assistant_tokens, config.max_length = cap, 30
+    generator = DSparkCandidateGenerator(drafter, target, config)
+    assert generator.num_drafting_tokens == min(cap, drafter.config.block_size)
+    _, stats = assisted(target, drafter, num_assistant_tokens=cap)
+    assert max(stats.proposed) <= generator.num_drafting_tokens
+    seq = PROMPT * 3
+    lookup = dspark_hf.NgramLookup.build([(seq, [1] * len(seq))], max_order=4, heldout_share=0.0)
+    drafter.assist_options = AssistOptions(lookup=lookup, lookup_max_tokens=9)
+    try:
+        with_lookup = DSparkCandidateGenerator(drafter, target, config)
+    finally:
+        drafter.assist_options = None
+    assert with_lookup.num_drafting_tokens == max(9, min(cap, drafter.config.block_size))

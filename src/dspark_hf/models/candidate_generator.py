@@ -289,6 +289,13 @@ class DSparkCandidateGenerator(CandidateGenerator):
         # The latest call's statistics stay readable on the drafter (transformers creates this object per call).
         drafter.last_speculation_stats = self.stats
 
+    @property
+    def num_drafting_tokens(self) -> int:
+        """The most drafts one round proposes (transformers >= 5.25 reads it to size a linear-attention cache's
+        rollback history): the drafter's block or `num_assistant_tokens`, or the lookup's cap if that is longer."""
+        lookup = self.assist.lookup_max_tokens if self.assist.lookup is not None else 0
+        return max(int(getattr(self, "max_drafts", 0)), int(lookup))
+
     def _set_up_call(self, target: torch.nn.Module, generation_config: Any, stopping_criteria: Any,
                      assist: "AssistOptions") -> None:
         """The per-call state every candidate generator of this file shares (with or without a drafter)."""
