@@ -43,8 +43,11 @@ def main() -> None:
     p.add_argument("--methods", default="hf plain,scheduled",
                    help="comma list from: hf plain, none (dspark_hf's loop, no drafts), scheduled (drafter + lookup), "
                         "scheduled-nolookup (drafter only), scheduled-dropall (finished rows dropped at once), "
-                        "scheduled-old (dropped at once and holes compacted past 2 verification widths: the loop "
-                        "before `Riders` / `compaction_pays`)")
+                        "scheduled-padded (the padding of each verification forward multiplied too, priced as the "
+                        "rectangle: the loop before ragged verification), scheduled-ragged-pricing (ragged "
+                        "forwards priced by their real tokens, Algorithm 1's sum: padded_pricing=False), "
+                        "scheduled-old (padded, dropped at once and holes compacted past 2 verification widths: the "
+                        "loop before `Riders` / `compaction_pays`)")
     p.add_argument("--out", help="folder for decode_only.json / .md")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -90,6 +93,10 @@ def main() -> None:
                     kwargs["drop_finished"] = "always"
                 if method == "scheduled-old":
                     kwargs["hole_budget"] = 2 * (drafter.config.block_size + 1)
+                if method in ("scheduled-padded", "scheduled-old"):
+                    kwargs["ragged_verification"] = False
+                if method == "scheduled-ragged-pricing":
+                    kwargs["padded_pricing"] = False
                 out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens,
                                          policy="scheduled", sps=sps, eos_token_id=[], **kwargs)
         total = time.perf_counter() - start
@@ -126,6 +133,16 @@ def main() -> None:
         print(f"{r['method']:9s} total {r['total_s']:6.2f} s ({r['total_ratio']:.2f}x)  prefill {r['prefill_s']:6.2f} s"
               f"  decode {r['decode_s']:6.2f} s ({r['decode_ratio']:.2f}x; forwards {r['forwards']} in "
               f"{r['forward_s']:.2f} s, outside them {r['outside_s']:.2f} s)", flush=True)
+    for m in methods:  # the decode forwards by width: mean seconds (count) over all repeats
+        by_width: dict[int, list[float]] = {}
+        for f in fwd[m]:
+            for _, w, sec in f:
+                by_width.setdefault(w, []).append(sec)
+        rows_by_m = next(r for r in rows if r["method"] == m)
+        rows_by_m["forward_by_width"] = {w: dict(mean_s=statistics.fmean(v), count=len(v))
+                                         for w, v in sorted(by_width.items())}
+        print(f"{m:9s} decode forwards by width: " + ", ".join(
+            f"{w}: {statistics.fmean(v) * 1000:.0f} ms x{len(v)}" for w, v in sorted(by_width.items())), flush=True)
     print(f"identical outputs: {identical}")
     if args.out:
         out = Path(args.out)
@@ -143,6 +160,9 @@ def main() -> None:
         lines += [f"| {r['method']} | {r['total_s']:.2f} | {r['prefill_s']:.2f} | {r['decode_s']:.2f} | "
                   f"{r['forwards']} | {r['forward_s']:.2f} | {r['outside_s']:.2f} | "
                   f"{r['total_ratio']:.2f}x | {r['decode_ratio']:.2f}x |" for r in rows]
+        lines += ["", "Decode forwards by width (tokens per row): mean ms (count), all repeats.", ""]
+        lines += [f"* {r['method']}: " + ", ".join(f"{w}: {v['mean_s'] * 1000:.0f} ms ({v['count']})"
+                                                 for w, v in r["forward_by_width"].items()) for r in rows]
         atomic_write_text(out / f"decode_only_c{c}.md", "\n".join(lines) + "\n")
 
 

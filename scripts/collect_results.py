@@ -416,6 +416,31 @@ SECTIONS = [
     ("heldout_tau/smollm2_dspark_2560_warm.md",
      "The continued drafter, the drafter it started from and the release on 24 held-out prompts",
      "RUNS=/work/runs bash scripts/train_warm_more_data.sh"),
+    ("decode_only_ragged/decode_only_c16.md",
+     "Decode only at 16 requests: ragged verification forwards, priced padded (the default) or per row, against "
+     "padded forwards (issue 14, part 4)",
+     "OMP_NUM_THREADS=1 python scripts/bench_decode_only.py --concurrency 16 --repeats 4 "
+     "--methods 'hf plain,none,scheduled,scheduled-padded,scheduled-ragged-pricing' "
+     "--sps results/bench_smollm2_realized_gsm/sps-rows16.json --out results/decode_only_ragged"),
+    ("bench_smollm2_ragged_c16/bench.md",
+     "Scheduled vs no speculation at 16 requests with ragged forwards, the round's tail priced and probes until every "
+     "row is calibrated (training paused)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies scheduled --concurrency 16 --max-new-tokens 48 --repeats 5 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_ragged_c16"),
+    ("bench_smollm2_ragged_low/bench.md",
+     "The same code at 1 and 4 requests, with `fixed` (training paused)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies fixed scheduled --concurrency 1 4 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_ragged_low"),
+    ("bench_smollm2_ragged_c64/bench.md",
+     "The same code at 64 requests (training paused)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies scheduled --concurrency 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_ragged_c64"),
+    ("round_rules/round_rules.md",
+     "Batch 1 through the batched loop: the tail gate and the probe rule on vs off, and `fixed`",
+     "OMP_NUM_THREADS=1 python scripts/bench_round_rules.py --out results/round_rules"),
 ]
 
 

@@ -2,6 +2,7 @@
 with lookup drafts and the release drafter, same prompts, SmolLM2-135M-Instruct on a prepacked target (issue 14).
 
     OMP_NUM_THREADS=1 python scripts/trace_batched_call.py --concurrency 64 [--repeats 2] [--sps FILE] [--drafter DIR] [--gqa-attention]
+        [--modes plain scheduled scheduled-padded]
 
 Prints, per run, the total seconds and the seconds / calls of the prefill, the target forwards by width, the drafter
 forwards, its context projections and the lookup's proposals (one call per row), and the rest (the loop's own
@@ -38,6 +39,10 @@ def main() -> None:
     p.add_argument("--sps", help="SPS table (default: profiled here)")
     p.add_argument("--drafter", help="drafter folder (default: the release drafter)")
     p.add_argument("--gqa-attention", action="store_true", help="dspark_hf.use_gqa_attention(target) for both runs")
+    p.add_argument("--modes", nargs="+", default=["plain", "scheduled"],
+                   choices=["plain", "scheduled", "scheduled-padded"],
+                   help="scheduled-padded: the padding of each verification forward multiplied too and priced "
+                        "(ragged_verification=False)")
     args = p.parse_args()
     torch.set_num_threads(1)
     target, tok = load_target("smollm2-135m-instruct")
@@ -96,16 +101,17 @@ def main() -> None:
     round_state.LengthPolicy.lengths = traced_lengths
 
     for repeat in range(args.repeats):
-        for mode in ("plain", "scheduled"):
+        for mode in args.modes:
             times.clear(), calls.clear(), verifying.clear()
             start = time.perf_counter()
             out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens,
                                      policy="scheduled", sps=sps, eos_token_id=[], return_dict_in_generate=True,
-                                     lookup=lookup, speculate=mode != "plain", record_rounds=True)
+                                     lookup=lookup, speculate=mode != "plain", record_rounds=True,
+                                     ragged_verification=mode != "scheduled-padded")
             total = time.perf_counter() - start
             parts = ", ".join(f"{k} {v:.2f} s / {calls[k]}" for k, v in sorted(times.items()))
             print(f"[{repeat}] {mode:9s} {total:6.2f} s: {parts}, the rest {total - sum(times.values()):.2f} s")
-            if mode == "scheduled":
+            if mode != "plain":
                 accepted = [int(r.accepted.sum()) for r in out.rounds if int(r.lengths.sum()) > 0]
                 for line, acc in zip(verifying, accepted):
                     print(f"      {line}, accepted {acc}")

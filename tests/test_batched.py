@@ -93,15 +93,22 @@ def test_kv_cache_stays_within_the_stated_bound(target):
 
 
 # ---------------------------------------------------------------------------------------------- sampling
-@pytest.mark.parametrize("policy,padded", [(p, True) for p in POLICIES] + [("scheduled", False), ("async", False)])
-def test_batched_sampling_matches_the_target_distribution(policy, padded):
+@pytest.mark.parametrize("policy,padded,prepacked", [(p, True, False) for p in POLICIES]
+                         + [("scheduled", False, False), ("async", False, False), ("scheduled", False, True)])
+def test_batched_sampling_matches_the_target_distribution(policy, padded, prepacked):
     """3 tokens over V^3 outcomes from 3000 identical rows in one batch: within 2.5x the TV expected from exact
     sampling. The scheduler's lengths depend on all rows' confidences: still lossless, with the padded rule (one width
-    per round from every row's survivals) and with Algorithm 1's ragged one (lengths that differ across rows)."""
+    per round from every row's survivals) and with Algorithm 1's ragged one (lengths that differ across rows), also
+    where a prepacked target's verification forwards multiply only each row's real tokens (`ragged_verification`)."""
     target = make_target("llama", vocab_size=4, seed=3, sharpen=6.0)
     drafter = bias_markov_head(make_drafter(target, block_size=3, markov_rank=4, seed=4))
     with torch.no_grad():
         drafter.confidence_head.proj.weight.normal_(0.0, 2.0, generator=torch.Generator().manual_seed(1))
+    if prepacked:
+        from dspark_hf.models.prepacked import prepack_linears, prepacked_available
+        if not prepacked_available():
+            pytest.skip("this PyTorch build has no oneDNN packed linear")
+        prepack_linears(target)
     prompt, rows, n_tokens = [1, 2, 3, 1], 3000, 3
     ids = torch.tensor([prompt] * rows)
     # padded: a row's width costs all 3000 rows, so the curve is flatter for the policy to verify drafts at all

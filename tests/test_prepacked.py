@@ -7,9 +7,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from conftest import greedy_continuation, make_drafter, make_target
-from dspark_hf.models.prepacked import (PrepackedLinear, calibrate_plain_rows, prepack_linears, prepacked_available,
-                                        unpack_linears)
+import dspark_hf
+from conftest import generated_rows, greedy_continuation, greedy_reference, left_pad, make_drafter, make_target
+from dspark_hf.models.prepacked import (PrepackedLinear, calibrate_plain_rows, is_prepacked, prepack_linears,
+                                        prepacked_available, ragged_tokens, unpack_linears)
 
 pytestmark = pytest.mark.skipif(not prepacked_available(), reason="this PyTorch build has no oneDNN packed linear")
 
@@ -145,3 +146,78 @@ def test_unsupported_dtype_is_refused_before_anything_changes():
     with pytest.raises(ValueError, match="float32 or bfloat16"):
         prepack_linears(model)
     assert all(type(m) is nn.Linear for m in model)  # nothing swapped
+
+
+# ---------------------------------------------------------------------------------------------- ragged verification
+def test_ragged_tokens_multiplies_only_the_real_tokens(monkeypatch):
+    """Inside `ragged_tokens(valid)` an input of exactly `valid.numel()` tokens is multiplied at its real tokens only
+    (the kernel sees that many rows), zeros elsewhere; other inputs, and every input outside the block, are whole."""
+    torch.manual_seed(0)
+    linear = nn.Linear(64, 48)
+    packed = PrepackedLinear(linear)
+    seen = []
+    original = packed._product
+    monkeypatch.setattr(packed, "_product", lambda flat: seen.append(flat.shape[0]) or original(flat))
+    x = torch.randn(3, 4, 64)
+    valid = torch.tensor([[1, 1, 0, 0], [1, 1, 1, 1], [1, 0, 0, 0]], dtype=torch.bool)
+    with torch.no_grad():
+        full = linear(x)
+        with ragged_tokens(valid):
+            got = packed(x)
+            other = packed(torch.randn(2, 4, 64))  # another size: the whole product
+        after = packed(x)
+    assert seen == [7, 8, 12]
+    torch.testing.assert_close(got[valid], full[valid], atol=1e-5, rtol=1e-5)
+    assert torch.equal(got[~valid], torch.zeros(int((~valid).sum()), 48))
+    assert other.shape == (2, 4, 48)
+    torch.testing.assert_close(after, full, atol=1e-5, rtol=1e-5)
+
+
+def _count_head_rows(target, monkeypatch) -> list[int]:
+    """The rows the target's LM head multiplies in each forward (a spy on its `PrepackedLinear`)."""
+    head = target.get_output_embeddings()
+    assert isinstance(head, PrepackedLinear)
+    seen: list[int] = []
+    original = head._product
+    monkeypatch.setattr(head, "_product", lambda flat: seen.append(flat.shape[0]) or original(flat))
+    return seen
+
+
+RAGGED_PROMPTS = [[5, 17, 33, 2], [40, 41, 42, 43, 44, 45, 46, 47, 48], [7], [9, 8, 7, 6, 5, 4]]
+
+
+@pytest.mark.parametrize("policy,tree_budget", [("threshold", None), ("scheduled", None), ("scheduled", 4)])
+def test_batched_greedy_with_ragged_verification_equals_each_rows_own_greedy(policy, tree_budget, monkeypatch):
+    """On a prepacked target the batched loop multiplies only each row's anchor and drafts (or tree nodes): fewer
+    LM-head rows than the padded rectangle in rounds whose rows verify different lengths; the output is every row's
+    own greedy continuation, as with the padding multiplied (`ragged_verification=False`)."""
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=4)
+    prepack_linears(target)
+    assert is_prepacked(target)
+    ids, mask = left_pad(RAGGED_PROMPTS)
+    sps = lambda b: 1.0 / (1.0 + 0.02 * b)  # noqa: E731  (flat enough that some rows verify drafts)
+    kw = dict(max_new_tokens=20, policy=policy, sps=sps, threshold=0.02, return_dict_in_generate=True,
+              measured_cost=False, record_rounds=True, drop_finished="always", tree_budget=tree_budget)
+    seen = _count_head_rows(target, monkeypatch)
+    ragged = dspark_hf.generate(target, drafter, ids, mask, **kw)
+    ragged_rows = list(seen)
+    seen.clear()
+    padded = dspark_hf.generate(target, drafter, ids, mask, ragged_verification=False, **kw)
+    for row, prompt in enumerate(RAGGED_PROMPTS):
+        expected = greedy_reference(target, prompt, 20)
+        assert generated_rows(ragged, ids.shape[1])[row] == expected, (policy, row)
+        assert generated_rows(padded, ids.shape[1])[row] == expected, (policy, row)
+    verified = [r.lengths if tree_budget is None else r.tree_verified for r in ragged.rounds]
+    assert any(len(set(v.tolist())) > 1 for v in verified)  # rounds whose rows verified different lengths
+    # every round's forward (the last ones of the call, one per round) multiplied exactly its anchors and drafts
+    assert ragged_rows[-len(verified):] == [int((1 + v).sum()) for v in verified]
+    assert sum(ragged_rows) < sum(seen) or ragged.rounds != padded.rounds
+
+
+def test_ragged_verification_needs_a_prepacked_target():
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=4)
+    ids, mask = left_pad(RAGGED_PROMPTS)
+    with pytest.raises(ValueError, match="ragged_verification=True needs a target whose linears are prepacked"):
+        dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=4, ragged_verification=True)

@@ -451,9 +451,11 @@ def test_lookup_only_rounds_keep_their_own_calibration():
     assert int(policy.lengths(block, torch.arange(4), with_drafter=False).max()) == 2  # calibrated: the whole block
 
 
-def test_a_sources_first_round_verifies_one_draft_per_row():
+def test_a_source_probes_one_draft_per_row_until_every_row_could_have_been_calibrated():
     """Uncalibrated estimates are bet on with one draft per row at most: a confident drafter that is wrong costs a
-    2-token forward, not a block-wide one; once a round was observed its calibrated estimates decide alone."""
+    2-token forward, not a block-wide one. A round in which only some rows verified (2 drafts in 2 of 4 rows, both
+    accepted) is not enough evidence; once the calibration has seen as many verified drafts as there are rows, its
+    calibrated estimates decide alone."""
     from dspark_hf.decoding.round_state import PROBE_LENGTH, LengthPolicy, OnlineCalibration, RoundClock
     from dspark_hf.models.drafting import DraftBlock
 
@@ -464,7 +466,11 @@ def test_a_sources_first_round_verifies_one_draft_per_row():
     policy = LengthPolicy("scheduled", 5, curve, 0.5, RoundClock(priced=True), padded=True,
                           calibration=OnlineCalibration(), lookup_calibration=OnlineCalibration())
     assert PROBE_LENGTH == 1 and int(policy.lengths(block, torch.arange(4)).max()) == 1
-    policy.observe(block, torch.ones(4, dtype=torch.long), torch.ones(4, dtype=torch.long))  # all accepted
+    policy.observe(block, torch.tensor([1, 1, 0, 0]), torch.tensor([1, 1, 0, 0]))  # 2 rows verified, both accepted
+    assert policy.calibration.verified == 2 and policy.calibration.kappa > 1.0
+    assert int(policy.lengths(block, torch.arange(4)).max()) == 1  # still probing
+    policy.observe(block, torch.tensor([0, 0, 1, 1]), torch.tensor([0, 0, 1, 1]))
+    assert policy.calibration.verified == 4
     assert int(policy.lengths(block, torch.arange(4)).max()) == 5
     uncalibrated = LengthPolicy("scheduled", 5, curve, 0.5, RoundClock(priced=True), padded=True)
     assert int(uncalibrated.lengths(block, torch.arange(4)).max()) == 5  # online_calibration=False: no probe cap
@@ -505,3 +511,28 @@ def test_the_loop_counts_every_round_and_whether_it_drafted(monkeypatch, target)
     out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=10, policy="scheduled", eos_token_id=[],
                              sps=lambda b: 1.0 / (1.0 + 0.01 * b), return_dict_in_generate=True, record_rounds=True)
     assert seen == [r.drafts is not None for r in out.rounds] and any(seen)
+
+
+def test_a_round_verifies_only_if_it_beats_a_plain_step_with_the_measured_tails():
+    """`worth_verifying`: the drafts are spent; verifying them costs the wider forward plus the measured tail of a
+    verifying round, a plain step its own (shorter) tail. Drafts that pay for their width alone do not pay once a
+    verifying round's tail is priced; without measured tails (or unpriced policies) nothing is vetoed."""
+    from dspark_hf.decoding.round_state import LengthPolicy, RoundClock
+    from dspark_hf.models.drafting import DraftBlock
+
+    conf = torch.full((4, 2), 0.5)  # 0.5 + 0.25 expected extra tokens per row for 2 drafts
+    block = DraftBlock(torch.zeros(4, 2, dtype=torch.long), logits=torch.zeros(4, 2, 3), confidences=conf,
+                       confidence_logits=torch.logit(conf))
+    sps = lambda b: 1.0 / (0.1 + 0.001 * torch.as_tensor(b, dtype=torch.float))  # noqa: E731
+    lengths = torch.full((4,), 2)
+    clock = RoundClock(priced=True)
+    policy = LengthPolicy("scheduled", 2, sps, 0.5, clock, padded=True)
+    assert policy.worth_verifying(block, lengths)  # no tails measured yet
+    clock.add_tail(False, 0.001)
+    clock.add_tail(True, 0.002)
+    assert clock.tails_measured and policy.worth_verifying(block, lengths)  # 1.75x tokens for ~1.08x the time
+    for _ in range(3):
+        clock.add_tail(True, 0.2)  # verifying rounds' tails: 2x a plain forward
+    assert not policy.worth_verifying(block, lengths)
+    assert policy.worth_verifying(block, torch.zeros(4, dtype=torch.long))  # nothing to veto
+    assert LengthPolicy("fixed", 2, sps, 0.5, clock).worth_verifying(block, lengths)  # unpriced: never vetoed

@@ -9,7 +9,9 @@ One round, for all active rows at once:
 1. the drafter drafts a block for every row in one forward (anchor = the row's last emitted token);
 2. a policy picks each row's verification length l_r (`fixed`, `threshold`, `scheduled` = Algorithm 1, `async`);
 3. the target verifies all rows in ONE forward: row r feeds [anchor, d_1..d_{l_r}] right-padded to the round's width,
-   with explicit per-row positions and a 2-D mask over the cached columns + the new ones;
+   with explicit per-row positions and a 2-D mask over the cached columns + the new ones; on a prepacked CPU target
+   the linears multiply each row's real tokens only (`ragged_verification`, `prepacked.ragged_tokens`), so the
+   padding costs attention alone;
 4. each row accepts its longest valid prefix (greedy match or lossless rejection sampling) plus one target token;
 5. cache columns of rejected drafts and padding stay as masked *holes*; the drafter receives the target hidden
    states of each row's verified tokens; finished rows (EOS, stopping criteria, `max_new_tokens`) are dropped, or
@@ -74,6 +76,7 @@ Exactness needs a target whose cache is a plain `DynamicCache` (no sliding windo
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import difflib
 import inspect
@@ -89,6 +92,7 @@ from transformers.utils import ModelOutput, logging
 
 from ..models.lookup import LookupProposal, lookup_block, merge_lookup_drafts
 from ..models.modeling_dspark import DSparkDrafter
+from ..models.prepacked import is_prepacked, ragged_tokens
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthClock, IdleBackoff, LengthPolicy,
                           MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, Riders, RowOutputs,
                           RowStats, target_layer_ids)
@@ -416,6 +420,7 @@ def generate(
     lookup: Any = None,
     lookup_rounds: bool = True,
     padded_pricing: bool = True,
+    ragged_verification: bool | None = None,
     measured_cost: bool = True,
     online_calibration: bool = True,
     **config_kwargs: Any,
@@ -499,7 +504,15 @@ def generate(
         padded_pricing: for "scheduled" / "async": price each verification forward as the rectangle it runs (every
             row padded to the widest: `scheduler.schedule_width`, `schedule_tree(padded=True)`), so the policy picks
             one width per round that pays for all rows. False: Algorithm 1's ragged pricing (B = sum of per-row
-            lengths), what a serving engine without padding runs; here it under-prices every round whose rows differ.
+            lengths), what a serving engine without padding runs and about what a ragged verification forward
+            (below) costs on a CPU; here it verified more drafts that did not pay (16 rows, decode only: 0.83x of
+            transformers' decoding against 0.89x priced padded, `results/decode_only_ragged`), so padded pricing
+            stays the default.
+        ragged_verification: multiply only each row's real tokens in the linears of a verification forward, not the
+            padding up to the widest row (`prepacked.ragged_tokens`: on a CPU the linears and the LM head cost about in
+            proportion to the tokens they multiply, so each row's drafts are then priced on their own). Needs a
+            target whose linears are prepacked (`prepack_linears`). None (default): on for a prepacked target. The real
+            tokens' logits equal the full forward's up to float rounding, as for any batch shape.
         measured_cost: for "scheduled" / "async": correct `sps` with the target forwards this call has timed
             (`round_state.MeasuredCost`: medians at the batch sizes seen, the prior scaled elsewhere), so a stale or
             noisy profile does not mislead the policy for long. Past rounds only: lossless either way.
@@ -532,6 +545,10 @@ def generate(
         spec = TreeSpec(budget=tree_budget, max_children=tree_max_children)
         attention = check_tree_attention(target, probe=True)
     width_max = 1 + block_size + (spec.budget if spec is not None else 0)  # tokens per row of a verification forward
+    if ragged_verification and not is_prepacked(target):
+        raise ValueError("ragged_verification=True needs a target whose linears are prepacked "
+                         "(dspark_hf.prepack_linears(target), CPU only): only those skip the padding")
+    ragged = is_prepacked(target) if ragged_verification is None else bool(ragged_verification)
     auto_holes = hole_budget is None  # compact where it pays (`compaction_pays`), at most 8 x width_max holes
     hole_budget = HOLE_CAP * width_max if auto_holes else int(hole_budget)
     device = input_ids.device
@@ -623,6 +640,8 @@ def generate(
             lookup_backoff.observe(choose.pays(block, lengths, lookup_seconds=lookup_seconds),
                                    min_skip=choose.probe_skip(len(rows), probe_seconds=lookup_seconds),
                                    proven=realized.pays("lookup"))
+            if not choose.worth_verifying(block, lengths, lookup_only=True):
+                lengths = torch.zeros_like(lengths)  # a plain step is expected to emit faster (the round's tail)
             lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
             width = 1 + int(lengths.max())
         elif speculate and spec is None and not skipped:
@@ -643,6 +662,8 @@ def generate(
             if backoff.enabled:
                 backoff.observe(choose.pays(block, lengths, alternative), min_skip=choose.probe_skip(len(rows)),
                                 proven=realized.pays("drafter"))
+            if not choose.worth_verifying(block, lengths):
+                lengths = torch.zeros_like(lengths)  # the drafts are spent, yet a plain step is expected to emit faster
             lengths = torch.minimum(lengths.cpu(), outputs.remaining(rows.ids))
             width = 1 + int(lengths.max())
         elif speculate and spec is not None and not skipped:  # tree drafts: the same round over nodes
@@ -694,6 +715,7 @@ def generate(
                 else:
                     tree_seconds += drafting.fixed_seconds + drafting.step_seconds
 
+        decided = time.perf_counter()  # (a chain round's tail starts here: `RoundClock.add_tail`)
         if width == 1:  # no draft to verify: a plain decoding step (every row feeds its anchor)
             lengths = torch.zeros(len(rows), dtype=torch.long)
             drafts = rows.anchors.new_zeros(len(rows), 0)
@@ -715,12 +737,16 @@ def generate(
             tokens = torch.where(step_valid, torch.cat([rows.anchors[:, None], drafts], dim=1), rows.anchors[:, None])
             positions = rows.next_pos[:, None] + slots[None, :]
             step_mask = torch.cat([rows.kv_valid, step_valid], dim=1).long()
+        real = None  # a ragged forward: the rectangle's real tokens (anchor + each row's drafts or nodes)
+        if ragged and width > 1:
+            real = torch.arange(width, device=device)[None, :] < (1 + lengths.to(device))[:, None]
         verify_start = time.perf_counter()
-        out = target(input_ids=tokens, attention_mask=step_mask, position_ids=positions, cache=rows.cache,
-                     use_cache=True, output_hidden_states=layer_ids)
+        with ragged_tokens(real) if real is not None else contextlib.nullcontext():
+            out = target(input_ids=tokens, attention_mask=step_mask, position_ids=positions, cache=rows.cache,
+                         use_cache=True, output_hidden_states=layer_ids)
         verify_seconds = time.perf_counter() - verify_start
         if isinstance(cost, MeasuredCost):
-            cost.observe(tokens.numel(), verify_seconds)
+            cost.observe(tokens.numel() if real is None else int(real.sum()), verify_seconds)
 
         # accept: each row's longest valid prefix (a tree: path) plus one target token (no drafts: the target's own)
         if width > 1 and tree is not None:
@@ -754,6 +780,8 @@ def generate(
             records.append(_without_riders(record, ~finished) if riding else record)
         emitted = live_rows + int(result.num_accepted.sum())  # (riders verify nothing: they accept nothing)
         finished = outputs.emit(rows.ids, result.tokens, result.num_new, lengths, result.num_accepted)
+        if tree is None:  # what verifying drafts adds to a round beyond its forward (`LengthPolicy.worth_verifying`)
+            clock.add_tail(width > 1, time.perf_counter() - decided - verify_seconds)
         clock.count_round(drafted=block is not None and not from_lookup)  # (the rounds that pay the measured overhead)
         if block is not None and not from_lookup:  # the per-round overhead the cost curve does not see: all but the
             # target's forward (a planned round that grew: less its tree work, which the growth clock measures and

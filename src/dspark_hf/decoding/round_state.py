@@ -465,12 +465,27 @@ class RoundClock:
     rounds: int = 0
     recent: list[bool] = field(default_factory=list)
     window: int = 32
+    tails: dict[bool, list[float]] = field(default_factory=lambda: {False: [], True: []})
 
     def add(self, overhead_seconds: float, draft_seconds: float) -> None:
         """Records one drafting round: its time outside the target's forward and its time inside the drafter."""
         self.overhead += overhead_seconds
         self.drafting += draft_seconds
         self.rounds += 1
+
+    def add_tail(self, verified: bool, seconds: float) -> None:
+        """Records a chain round's tail: its seconds after its lengths were fixed, outside the target's forward (the
+        inputs, verification, cache and context updates, emission). `verified`: whether it verified a draft."""
+        self.tails[bool(verified)] = (self.tails[bool(verified)] + [float(seconds)])[-self.window:]
+
+    def tail_cost(self, sps: Any, verified: bool) -> Any:
+        """SPS(B) plus the median measured tail of recent rounds that verified drafts (`verified`) or did not."""
+        return WithRoundOverhead(sps, statistics.median(self.tails[bool(verified)]))
+
+    @property
+    def tails_measured(self) -> bool:
+        """Whether the tails are priced and both kinds (verifying and plain rounds) have been measured."""
+        return self.priced and all(self.tails.values())
 
     def count_round(self, drafted: bool) -> None:
         """Records that a round ran, and whether the drafter drafted it (its kind, for `drafting_share`)."""
@@ -662,20 +677,27 @@ class OnlineCalibration:
 
     window: int = 16
     prior: float = 2.0
-    history: list[tuple[float, float]] = field(default_factory=list)
+    history: list[tuple[float, float, int]] = field(default_factory=list)
 
     @property
     def kappa(self) -> float:
-        predicted = sum(p for p, _ in self.history)
-        accepted = sum(a for _, a in self.history)
+        predicted = sum(p for p, _, _ in self.history)
+        accepted = sum(a for _, a, _ in self.history)
         return (accepted + self.prior) / (predicted + self.prior)
+
+    @property
+    def verified(self) -> int:
+        """Drafts (nodes) verified in the remembered rounds: the evidence behind kappa."""
+        return sum(n for _, _, n in self.history)
 
     def observe(self, survival: torch.Tensor, verified: torch.Tensor, accepted: torch.Tensor) -> None:
         """One round: `survival` `[R, N]` estimates (uncorrected), `verified` `[R, N]` bool, `accepted` `[R]` counts."""
-        predicted = float((survival.detach().float().cpu() * verified.cpu()).sum())
+        verified = verified.cpu()
+        predicted = float((survival.detach().float().cpu() * verified).sum())
         if predicted <= 0:
             return
-        self.history = (self.history + [(predicted, float(accepted.sum()))])[-self.window:]
+        entry = (predicted, float(accepted.sum()), int(verified.sum()))
+        self.history = (self.history + [entry])[-self.window:]
 
     def survival(self, survival: torch.Tensor) -> torch.Tensor:
         """`survival` scaled by kappa, clipped to [0, 1]."""
@@ -716,10 +738,13 @@ class LengthPolicy:
             shrink them (with one shared factor, those rounds stopped verifying anything and, verifying nothing,
             never corrected it).
 
-    With a calibration, a source's first verifying round verifies at most `PROBE_LENGTH` (1) draft per row: its
-    estimates are then uncorrected, and out of domain they can be far off (at 16 rows on gsm_symbolic prompts the
-    release drafter's first round expected 27.8 extra tokens, verified 80 drafts in a 6-token forward, 2.7x a plain
-    one, and accepted none). One draft per row bounds that bet to a 2-token forward and still calibrates every row.
+    With a calibration, a source's rounds verify at most `PROBE_LENGTH` (1) draft per row until its calibration has
+    seen as many verified drafts as there are rows: its estimates are uncorrected until then, and out of domain they
+    can be far off (at 16 rows on gsm_symbolic prompts the release drafter's first round expected 27.8 extra tokens,
+    verified 80 drafts in a 6-token forward, 2.7x a plain one, and accepted none). One draft per row bounds that bet
+    to a 2-token forward and still calibrates every row. A first round in which only a few rows verified is not
+    enough evidence: after one that verified 2 drafts in 2 rows (both accepted, kappa 1.3) the next verified 76
+    drafts in 16 rows on 26.5 expected extra tokens and accepted none.
     """
 
     name: str
@@ -777,7 +802,7 @@ class LengthPolicy:
         if self.name == "async":  # only async reads past confidences
             self.history.push(conf, rows)
         calibration = self.lookup_calibration if not with_drafter else self.calibration
-        if calibration is not None and not calibration.history:  # a first round: one draft per row (PROBE_LENGTH)
+        if calibration is not None and calibration.verified < len(rows):  # probing: one draft per row at most
             lengths = lengths.clamp(max=PROBE_LENGTH)
         return lengths
 
@@ -802,7 +827,7 @@ class LengthPolicy:
                                   self.clock.cost(self.sps, amortized=True), **priced)
         if self.name == "async":
             self.history.push(survival, rows, valid)
-        if self.calibration is not None and not self.calibration.history:  # a first round: nodes of depth 1 only
+        if self.calibration is not None and self.calibration.verified < len(rows):  # probing: depth 1 only
             admitted &= tree.depths.cpu() <= PROBE_LENGTH
         return admitted
 
@@ -848,6 +873,22 @@ class LengthPolicy:
         plain = self.clock.cost(self.sps, with_drafter=False)
         seconds = 1.0 / float(torch.as_tensor(plain.steps_per_second(torch.tensor([int(rows)]))).reshape(-1)[0])
         return math.floor(probe / (share * seconds))
+
+    def worth_verifying(self, block: DraftBlock, lengths: torch.Tensor, lookup_only: bool = False) -> bool:
+        """Whether this round, its drafts already made, is expected to emit faster by verifying `lengths` than as a
+        plain step. The drafting is spent either way; what differs is the forward (B tokens against one per row) and
+        the round's tail (`RoundClock.add_tail`): under load a round that verifies drafts costs more outside the
+        forward than a plain one (verification, per-row emission of several tokens, the drafter's context), which
+        the cost curve does not see, so drafts that would pay for their width alone may not pay for the round.
+        Measured on past rounds and decided before the target runs: lossless either way. True where not priced or
+        not yet measured."""
+        if (self.name not in PRICED_POLICIES or int(lengths.max()) == 0 or not self.clock.tails_measured
+                or block.confidences is None):
+            return True
+        conf, lengths = self._conf(block.confidences, lookup_only=lookup_only), lengths.cpu()
+        plain = expected_throughput(conf, torch.zeros_like(lengths), self.clock.tail_cost(self.sps, False),
+                                    padded=self.padded)
+        return expected_throughput(conf, lengths, self.clock.tail_cost(self.sps, True), padded=self.padded) > plain
 
     def pays(self, block: DraftBlock, lengths: torch.Tensor, alternative: DraftBlock | None = None,
              lookup_seconds: float | None = None) -> bool:

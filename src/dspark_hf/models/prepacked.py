@@ -29,17 +29,49 @@ the memory of the linear weights.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import statistics
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["PrepackedLinear", "calibrate_plain_rows", "prepack_linears", "prepacked_available", "unpack_linears"]
+__all__ = ["PrepackedLinear", "calibrate_plain_rows", "is_prepacked", "prepack_linears", "prepacked_available",
+           "ragged_tokens", "unpack_linears"]
 
 _DTYPES = (torch.float32, torch.bfloat16)
+
+# (tokens of the padded rectangle, flat indices of its real tokens) while `ragged_tokens` is active
+_RAGGED: contextvars.ContextVar[tuple[int, torch.Tensor] | None] = contextvars.ContextVar("_RAGGED", default=None)
+
+
+@contextlib.contextmanager
+def ragged_tokens(valid: torch.Tensor) -> Iterator[None]:
+    """Within this block every `PrepackedLinear` whose input holds exactly `valid.numel()` tokens (a `[R, W, in]`
+    forward of the padded rectangle `valid` `[R, W]` describes) multiplies only the tokens where `valid` is True and
+    writes zeros at the others.
+
+    A batched verification forward feeds each row its anchor and drafts, right-padded to the widest row: on a CPU the
+    linears (and the LM head) cost about in proportion to the tokens they multiply, so the padding costs as much as
+    real drafts. Skipping it prices a round by the drafts it verifies (Algorithm 1's sum of per-row lengths) rather
+    than by its rectangle. The caller must read nothing at the padded positions: their hidden states and logits are
+    meaningless (their keys and values are zeros, which the verification mask already hides as holes). The real
+    tokens' outputs equal those of the full product up to float rounding (a different row count for the kernel)."""
+    flat = valid.reshape(-1)
+    index = flat.nonzero().reshape(-1).to(torch.long)
+    token = _RAGGED.set((int(flat.numel()), index.cpu()))
+    try:
+        yield
+    finally:
+        _RAGGED.reset(token)
+
+
+def is_prepacked(model: nn.Module) -> bool:
+    """Whether `prepack_linears` swapped `model`'s linears (so that `ragged_tokens` skips the padding of its forwards)."""
+    return any(isinstance(m, PrepackedLinear) for m in model.modules())
 
 
 def prepacked_available() -> bool:
@@ -89,13 +121,23 @@ class PrepackedLinear(nn.Module):
             return F.linear(x, self.weight, self.bias)  # training, other devices or dtypes: the plain path
         shape = x.shape
         flat = x.reshape(-1, shape[-1])
-        if flat.shape[0] <= self.plain_rows:  # a few rows: PyTorch's own path (one row: matrix-vector)
-            return F.linear(x, self.weight, self.bias)
+        ragged = _RAGGED.get()
+        if ragged is not None and flat.shape[0] == ragged[0] and ragged[1].numel() < ragged[0]:
+            index = ragged[1]  # only the real tokens of a padded verification forward (`ragged_tokens`)
+            out = flat.new_zeros(flat.shape[0], self.out_features)
+            out.index_copy_(0, index, self._product(flat.index_select(0, index)))
+            return out.reshape(*shape[:-1], self.out_features)
+        return self._product(flat).reshape(*shape[:-1], self.out_features)
+
+    def _product(self, flat: torch.Tensor) -> torch.Tensor:
+        """`flat` `[N, in]` times the weight: PyTorch's own path for a few rows (one row: matrix-vector), else the
+        packed kernel."""
+        if flat.shape[0] <= self.plain_rows:
+            return F.linear(flat, self.weight, self.bias)
         if not flat.is_contiguous():
             flat = flat.contiguous()
         bias = None if self.bias is None else self.bias.detach()
-        out = torch.ops.mkldnn._linear_pointwise(flat, self._pack(), bias, "none", [], "")
-        return out.reshape(*shape[:-1], self.out_features)
+        return torch.ops.mkldnn._linear_pointwise(flat, self._pack(), bias, "none", [], "")
 
     @property
     def one_row_plain(self) -> bool:
