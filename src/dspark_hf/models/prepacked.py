@@ -25,6 +25,10 @@ different summation order), like any other kernel choice; greedy decoding stays 
 practice, and the benchmark checks its outputs token for token against the unpacked model. Inference only (the packed
 copy is not trained) and a runtime option: nothing is saved, `unpack_linears(model)` restores the modules. Doubles
 the memory of the linear weights.
+
+`ragged_tokens(valid)` makes the packed linears of one forward multiply only the real tokens of a right-padded
+`[R, W]` batch (the batched loop's verification forwards, `ragged_verification`): on a CPU the linears and the LM head
+cost about in proportion to the tokens they multiply, so the padding then costs its attention alone.
 """
 
 from __future__ import annotations
