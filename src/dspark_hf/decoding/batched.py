@@ -45,13 +45,15 @@ Expected pay is checked against measured pay: `RealizedGain` times every plain r
 (drafting, tree growth, bookkeeping and the wider forward included) and weighs the tokens each verifying round emitted
 at the plain rounds' rate; a kind of round (drafter, lookup-only, tree) whose last verifying rounds lost time in sum
 is backed off even where its estimates say it pays and its probes are cheap (trees: the next rounds draft chains
-alone, `BranchBackoff`, and the drafter itself once its chain rounds lose too). A source's first verifying round
-verifies one draft per row at most (`round_state.PROBE_LENGTH`): its estimates are not yet corrected by what rows
-accepted. Finished rows ride along while a drop's cache copy would cost more than their share of the rounds left
-(`round_state.Riders`), and holes are compacted where they cost more than the copy (`compaction_pays`). A round's
-width is priced with the measured per-round overhead scaled by the share of recent rounds the drafter ran
-(`RoundClock.cost(amortized=True)`): once a round has drafted its overhead is spent, and the rounds that emit what it
-did not verify pay that overhead only as often.
+alone, `BranchBackoff`, and the drafter itself once its chain rounds lose too). A source verifies one draft per row at
+most (`round_state.PROBE_LENGTH`) until its calibration has seen as many verified drafts as there are rows: its
+estimates are not yet corrected by what rows accepted. A chain round verifies only where it beats a plain step once
+the measured tails of verifying and plain rounds are priced (`LengthPolicy.worth_verifying`). Finished rows ride along
+while a drop's cache copy would cost more than their share of the rounds left (`round_state.Riders`), and holes are
+compacted where they cost more than the copy (`compaction_pays`). A round's width is priced with the measured
+per-round overhead scaled by the share of recent rounds the drafter ran (`RoundClock.cost(amortized=True)`): once a
+round has drafted its overhead is spent, and the rounds that emit what it did not verify pay that overhead only as
+often.
 
 A round that verifies no draft (the idle backoff skipped the drafter, the policy chose l_r = 0 everywhere, or
 `speculate=False`) is a plain decoding step: one token per row, `verify`'s K = 0 path, no compaction check (nothing
@@ -510,7 +512,7 @@ def generate(
             stays the default.
         ragged_verification: multiply only each row's real tokens in the linears of a verification forward, not the
             padding up to the widest row (`prepacked.ragged_tokens`: on a CPU the linears and the LM head cost about in
-            proportion to the tokens they multiply, so each row's drafts are then priced on their own). Needs a
+            proportion to the tokens they multiply, so a row's drafts then cost about their own tokens). Needs a
             target whose linears are prepacked (`prepack_linears`). None (default): on for a prepacked target. The real
             tokens' logits equal the full forward's up to float rounding, as for any batch shape.
         measured_cost: for "scheduled" / "async": correct `sps` with the target forwards this call has timed
@@ -545,10 +547,12 @@ def generate(
         spec = TreeSpec(budget=tree_budget, max_children=tree_max_children)
         attention = check_tree_attention(target, probe=True)
     width_max = 1 + block_size + (spec.budget if spec is not None else 0)  # tokens per row of a verification forward
-    if ragged_verification and not is_prepacked(target):
+    ragged = is_prepacked(target)
+    if ragged_verification and not ragged:
         raise ValueError("ragged_verification=True needs a target whose linears are prepacked "
                          "(dspark_hf.prepack_linears(target), CPU only): only those skip the padding")
-    ragged = is_prepacked(target) if ragged_verification is None else bool(ragged_verification)
+    if ragged_verification is not None:
+        ragged = bool(ragged_verification)
     auto_holes = hole_budget is None  # compact where it pays (`compaction_pays`), at most 8 x width_max holes
     hole_budget = HOLE_CAP * width_max if auto_holes else int(hole_budget)
     device = input_ids.device

@@ -712,7 +712,7 @@ class OnlineCalibration:
         return out
 
 
-PROBE_LENGTH = 1  # drafts per row a source's first verifying round may verify (`LengthPolicy`)
+PROBE_LENGTH = 1  # drafts per row a source verifies until it has seen a draft per row verified (`LengthPolicy`)
 
 
 @dataclass

@@ -60,8 +60,8 @@ def ragged_tokens(valid: torch.Tensor) -> Iterator[None]:
 
     A batched verification forward feeds each row its anchor and drafts, right-padded to the widest row: on a CPU the
     linears (and the LM head) cost about in proportion to the tokens they multiply, so the padding costs as much as
-    real drafts. Skipping it prices a round by the drafts it verifies (Algorithm 1's sum of per-row lengths) rather
-    than by its rectangle. The caller must read nothing at the padded positions: their hidden states and logits are
+    real drafts. Skipping it, a round costs about the drafts it verifies (Algorithm 1's sum of per-row lengths)
+    rather than its rectangle. The caller must read nothing at the padded positions: their hidden states and logits are
     meaningless (their keys and values are zeros, which the verification mask already hides as holes). The real
     tokens' outputs equal those of the full product up to float rounding (a different row count for the kernel)."""
     flat = valid.reshape(-1)
@@ -74,7 +74,7 @@ def ragged_tokens(valid: torch.Tensor) -> Iterator[None]:
 
 
 def is_prepacked(model: nn.Module) -> bool:
-    """Whether `prepack_linears` swapped `model`'s linears (so that `ragged_tokens` skips the padding of its forwards)."""
+    """Whether `prepack_linears` swapped `model`'s linears (so `ragged_tokens` can skip the padding of its forwards)."""
     return any(isinstance(m, PrepackedLinear) for m in model.modules())
 
 
