@@ -77,12 +77,22 @@ def prompt_sets(tokenizer, names: list[str], count: int, max_len: int | None) ->
 
 
 def method_kwargs(method: str) -> dict[str, Any]:
-    """"target" (no drafts), "chain" (tree_budget=None) or "tree<N>"."""
+    """"target" (no drafts), "chain" (tree_budget=None), "tree<N>", or with a verification width "chain/<W>" (the
+    chain's first W drafts) and "tree<N>/<W>" (at most W nodes per round, the most likely: `tree_max_nodes`)."""
     if method == "target":
         return {"speculate": False}
     if method == "chain":
         return {}
-    return {"tree_budget": int(method[4:])}
+    name, _, width = method.partition("/")
+    kwargs: dict[str, Any] = {"tree_budget": 0 if name == "chain" else int(name[4:])}
+    if width:
+        kwargs["tree_max_nodes"] = int(width)
+    return kwargs
+
+
+def method_budget(method: str) -> int | None:
+    """The node budget of a tree method (0 for a capped chain), None for "target" and "chain"."""
+    return None if method in ("target", "chain") else method_kwargs(method)["tree_budget"]
 
 
 def prepare(args, target, drafter, batch: int, budgets: list[int]) -> None:
@@ -123,6 +133,8 @@ def run_batch1(args) -> dict:
     target, tokenizer, drafter = load_pair(args.prepack, args.gqa_attention)
     sets = prompt_sets(tokenizer, args.sets, args.prompts, args.max_prompt_len)
     methods = ["target", "chain"] + [f"tree{b}" for b in args.budgets]
+    for w in args.max_nodes:  # the same verification width for the chain and the trees
+        methods += [f"chain/{w}"] + [f"tree{b}/{w}" for b in args.budgets]
     prepare(args, target, drafter, 1, args.budgets)
     no_eos = target.config.vocab_size + 1 if args.no_eos else None
     cells: dict[tuple[str, str], dict[str, list]] = {
@@ -159,7 +171,7 @@ def run_batch1(args) -> dict:
         for method in methods:
             c = cells[(name, method)]
             rows.append({
-                "set": name, "method": method, "budget": None if method in ("target", "chain") else int(method[4:]),
+                "set": name, "method": method, "budget": method_budget(method),
                 "tau": sum(c["emitted"]) / max(1, sum(c["rounds"])),
                 "tokens_per_s": sum(c["tokens"]) / sum(c["seconds"]),
                 "identical": all(outputs[(name, i, method)] == outputs[(name, i, "target")]
@@ -208,17 +220,23 @@ def batch1_plot(data: dict, path: Path) -> None:
     import matplotlib.pyplot as plt
 
     macro = [r for r in data["macro"] if r["method"] != "target"]
-    budgets = [0 if r["budget"] is None else r["budget"] for r in macro]
     plain = next(r for r in data["macro"] if r["method"] == "target")
+    groups: dict[str, list[dict]] = {}  # one line per verification width: every node, or at most W
+    for r in macro:
+        width = r["method"].partition("/")[2]
+        groups.setdefault(f"at most {width} nodes verified" if width else "every node verified", []).append(r)
     fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(9, 3.5))
-    ax1.plot(budgets, [r["tau"] for r in macro], "o-")
+    for label, group in groups.items():
+        budgets = [0 if r["budget"] is None else r["budget"] for r in group]
+        ax1.plot(budgets, [r["tau"] for r in group], "o-", label=label)
+        ax2.plot(budgets, [r["tokens_per_s"] for r in group], "o-", label=label)
     ax1.set_xlabel("extra tree nodes per round (0 = chain)")
     ax1.set_ylabel("tau (macro over sets)")
-    ax2.plot(budgets, [r["tokens_per_s"] for r in macro], "o-", label="DSpark")
+    ax1.legend(fontsize=7)
     ax2.axhline(plain["tokens_per_s"], color="gray", linestyle="--", label="target alone")
     ax2.set_xlabel("extra tree nodes per round (0 = chain)")
     ax2.set_ylabel("tokens/s (macro over sets)")
-    ax2.legend()
+    ax2.legend(fontsize=7)
     fig.suptitle(f"{data['target']}, release drafter, batch 1, greedy")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
@@ -324,6 +342,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--budgets", type=int, nargs="+", default=[2, 4, 8], help="batch1: extra nodes per round")
     parser.add_argument("--budget", type=int, default=8, help="load: extra nodes per round")
     parser.add_argument("--max-children", type=int, default=4, help="children per node at most (tree_max_children)")
+    parser.add_argument("--max-nodes", type=int, nargs="*", default=[],
+                        help="batch1: also each budget (and the chain) verifying at most W nodes per round "
+                             "(tree_max_nodes=W): methods chain/W and tree<N>/W")
     parser.add_argument("--policy", default="fixed", choices=["fixed", "threshold", "scheduled", "async"],
                         help="batch1: verification policy of the chain and the trees")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16, 64], help="load: batch sizes")

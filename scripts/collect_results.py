@@ -150,6 +150,14 @@ SECTIONS = [
      "probe-sized idle-backoff skips and the impatient backoff; a feature-cache build on the other core (issue 13)",
      "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 8 --max-new-tokens 32 "
      "--repeats 2 --prepack --max-prompt-len 256 --threads 1 --label lazy"),
+    ("tree/batch1_width_cap.md", "Trees with a verification width cap (`tree_max_nodes`) vs the chain at batch 1, "
+     "prepacked target, policy fixed, 2 repeats (issue 13)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
+     "--max-new-tokens 64 --budgets 4 8 --max-nodes 7 4 --repeats 2 --threads 1 --prepack --label width_cap"),
+    ("tree/batch1_width_cap_r3.md", "The width cap at 4 nodes re-measured with 3 repeats, the benchmark alone on one "
+     "core (issue 13)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
+     "--max-new-tokens 64 --budgets 4 8 --max-nodes 4 --repeats 3 --threads 1 --prepack --label width_cap_r3"),
     ("training_smollm2_fullvocab/training.md",
      "Full vs reduced (8,192) draft vocabulary at an equal training budget, long-run recipe (issue 14 part 1)",
      "RUNS=/work/runs STOP=100 bash scripts/train_ablations.sh fullvocab && dspark-hf training-report "
@@ -416,6 +424,11 @@ SECTIONS = [
     ("heldout_tau/smollm2_dspark_2560_warm.md",
      "The continued drafter, the drafter it started from and the release on 24 held-out prompts",
      "RUNS=/work/runs bash scripts/train_warm_more_data.sh"),
+    ("heldout_tau/smollm2_release_2560_warm.md",
+     "The release drafter trained on for 2,400 more steps on 2,560 examples (warm start), on 24 held-out prompts",
+     "FROM=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark OUTDIR=/work/runs/release-2560-warm "
+     "STEPS=2400 HELDOUT=results/heldout_tau/smollm2_release_2560_warm.json RUNS=/work/runs "
+     "bash scripts/train_warm_more_data.sh"),
     ("decode_only_ragged/decode_only_c16.md",
      "Decode only at 16 requests: ragged verification forwards, priced padded (the default) or per row, against "
      "padded forwards (issue 14, part 4)",

@@ -17,8 +17,10 @@ import math
 import torch
 
 from dspark_hf import DraftBlock, greedy_verify, rejection_verify
-from dspark_hf.decoding.scheduler import (GrowthCost, async_lengths, async_tree, schedule_growth, schedule_prefix,
-                                          schedule_tree, threshold_lengths, threshold_tree)
+import pytest
+
+from dspark_hf.decoding.scheduler import (GrowthCost, async_lengths, async_tree, cap_tree, schedule_growth,
+                                          schedule_prefix, schedule_tree, threshold_lengths, threshold_tree)
 from dspark_hf.decoding.tree import DraftTree
 from dspark_hf.decoding.tree_verification import tree_greedy_verify, tree_rejection_verify
 
@@ -254,6 +256,56 @@ def test_a_nodes_admission_never_depends_on_its_own_subtree():
         for m in sorted(sub):  # shrink the subtree's keys (keeps the invariant)
             changed[row, m] = changed[row, m] * float(torch.rand(1, generator=g))
         assert bool(schedule_tree(changed, valid, sps)[row, node]) == bool(base[row, node]), trial
+
+
+def test_cap_tree_keeps_each_rows_most_likely_admitted_nodes_as_a_tree():
+    """`cap_tree`: per row the `max_nodes` admitted nodes of highest survival (ties: the earlier node), never a node
+    the policy did not admit, always closed under parents; a cap at or above the admitted count changes nothing."""
+    survival = torch.tensor([[0.6, 0.3, 0.1, 0.5, 0.3, 0.05],
+                             [0.9, 0.8, 0.7, 0.6, 0.5, 0.4]])
+    admitted = torch.tensor([[True, True, True, True, True, True],
+                             [True, True, True, False, False, False]])
+    capped = cap_tree(survival, admitted, 3)
+    assert capped.tolist() == [[True, True, False, True, False, False],  # 0.6, 0.5, then of the tied 0.3 node 1
+                               [True, True, True, False, False, False]]  # row 1 admits only 3: unchanged
+    assert torch.equal(cap_tree(survival, admitted, 6), admitted)
+    g = torch.Generator().manual_seed(3)
+    for trial in range(40):
+        parents, surv = _monotone_random_trees(g, 3, 9, chain=4)
+        allowed = schedule_tree(surv, torch.ones(3, 9, dtype=torch.bool), _sps(0.01))
+        width = int(torch.randint(1, 6, (1,), generator=g))
+        kept = cap_tree(surv, allowed, width)
+        assert bool((kept <= allowed).all()) and bool((kept.sum(1) <= width).all()), trial
+        assert torch.equal(kept.sum(1), allowed.sum(1).clamp(max=width)), trial
+        for row in range(3):  # closed under parents, and nothing dropped outranks what was kept
+            for node in kept[row].nonzero().flatten().tolist():
+                p = int(parents[row, node])
+                assert p < 0 or bool(kept[row, p]), (trial, row, node)
+            dropped = surv[row][allowed[row] & ~kept[row]]
+            if dropped.numel() and kept[row].any():
+                assert float(dropped.max()) <= float(surv[row][kept[row]].min()), trial
+
+
+def test_a_capped_nodes_admission_never_depends_on_its_own_subtree():
+    """As for Algorithm 1: shrinking the keys inside node n's left-child right-sibling subtree (keeping keys
+    non-increasing along creation order) never changes whether `cap_tree` keeps n."""
+    g = torch.Generator().manual_seed(1)
+    for trial in range(60):
+        parents, survival = _monotone_random_trees(g, 2, 8)
+        valid = torch.ones(2, 8, dtype=torch.bool)
+        width = int(torch.randint(1, 8, (1,), generator=g))
+        base = cap_tree(survival, valid, width)
+        row, node = int(torch.randint(0, 2, (1,), generator=g)), int(torch.randint(0, 8, (1,), generator=g))
+        changed = survival.clone()
+        for m in sorted(_subtree_of(parents[row], node)):
+            changed[row, m] = changed[row, m] * float(torch.rand(1, generator=g))
+        assert bool(cap_tree(changed, valid, width)[row, node]) == bool(base[row, node]), trial
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, None])
+def test_cap_tree_refuses_a_width_that_is_not_a_positive_integer(bad):
+    with pytest.raises(ValueError, match="max_nodes"):
+        cap_tree(torch.full((1, 3), 0.5), torch.ones(1, 3, dtype=torch.bool), bad)
 
 
 # ---------------------------------------------------------------------------------------------- priced growth

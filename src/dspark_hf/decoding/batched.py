@@ -98,7 +98,7 @@ from ..models.prepacked import is_prepacked, ragged_tokens
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthClock, IdleBackoff, LengthPolicy,
                           MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, Riders, RowOutputs,
                           RowStats, target_layer_ids)
-from .scheduler import POLICIES, sps_values
+from .scheduler import POLICIES, cap_tree, sps_values
 from .sps import RowScaledCost, SPSTable, profile_sps, target_fingerprint
 from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, plans_growth
 from .tree_attention import check_tree_attention, verification_inputs
@@ -419,6 +419,7 @@ def generate(
     speculate: bool = True,
     tree_budget: int | None = None,
     tree_max_children: int = 4,
+    tree_max_nodes: int | None = None,
     lookup: Any = None,
     lookup_rounds: bool = True,
     padded_pricing: bool = True,
@@ -489,6 +490,9 @@ def generate(
             docstring). With "scheduled" / "async" and `count_round_overhead` it is an upper bound: nodes are grown
             only while they pay for their measured drafting cost and their verification width.
         tree_max_children: children per tree node at most, the chain's own child included.
+        tree_max_nodes: with `tree_budget`, each row verifies at most this many nodes: those of highest estimated
+            survival among what the policy admits (`scheduler.cap_tree`). At the block size it keeps the chain's
+            verification width and lets the budget's alternatives replace the chain's unlikely tail. None: no cap.
         lookup: an `NgramLookup`: every drafting round, each row's drafts are replaced by the lookup's n-gram
             continuation of its sequence where that is expected to accept more (`lookup.merge_lookup_drafts`: a rule
             that never reads a sampled draft, point-mass draft distributions, calibrated estimates as confidences),
@@ -543,6 +547,10 @@ def generate(
         raise ValueError("lookup drafts run with chains only: pass tree_budget=None or lookup=None")
     if lookup is not None:
         lookup.check_vocab(int(target.get_output_embeddings().weight.shape[0]))
+    if tree_max_nodes is not None and (tree_budget is None or isinstance(tree_max_nodes, bool)
+                                       or not isinstance(tree_max_nodes, int) or tree_max_nodes < 1):
+        raise ValueError(f"tree_max_nodes must be an integer >= 1 and needs tree_budget; got tree_max_nodes="
+                         f"{tree_max_nodes!r}, tree_budget={tree_budget!r}")
     if tree_budget is not None and speculate:
         spec = TreeSpec(budget=tree_budget, max_children=tree_max_children)
         attention = check_tree_attention(target, probe=True)
@@ -691,6 +699,8 @@ def generate(
                 block = drafting.chain
                 chain = DraftTree.from_block(block)
                 admitted = choose.admit(chain, rows.ids)  # = schedule_prefix on a chain (async: one node history)
+                if tree_max_nodes is not None:
+                    admitted = _cap_nodes(chain, admitted, tree_max_nodes)
                 if backoff.enabled:
                     backoff.observe(choose.tree_pays(chain, admitted), min_skip=choose.probe_skip(len(rows)),
                                     proven=realized.pays("drafter"))
@@ -700,6 +710,8 @@ def generate(
                 width = 1 + int(lengths.max())
             else:
                 admitted = choose.admit(drafted, rows.ids)
+                if tree_max_nodes is not None:  # the most likely nodes within the width
+                    admitted = _cap_nodes(drafted, admitted, tree_max_nodes)
                 steps = drafting.steps if drafting is not None else 0
                 kind = "tree" if round_spec.budget > 0 else "drafter"
                 if backoff.enabled:  # (trees that verified at a loss: see RealizedGain; chain rounds judge "drafter")
@@ -848,6 +860,12 @@ def _rider_share(cost: Any, rows: int, riders: int) -> float | None:
     return float(riders * (seconds[1] - seconds[0]) / rows / seconds[0])
 
 
+def _cap_nodes(tree: DraftTree, admitted: torch.Tensor, max_nodes: int) -> torch.Tensor:
+    """`scheduler.cap_tree` on `tree`'s survival estimates (none, without a confidence head: a chain's first nodes)."""
+    survival = tree.survival if tree.survival is not None else torch.zeros(admitted.shape)
+    return cap_tree(survival, admitted, max_nodes)
+
+
 def _without_riders(record: RoundRecord, live: torch.Tensor) -> RoundRecord:
     """`record` restricted to the `[R]` (CPU) mask `live`: finished rows riding along are not part of the round."""
     def pick(t: torch.Tensor | None) -> torch.Tensor | None:
@@ -874,6 +892,7 @@ def speculative_generate(
     speculate: bool = True,
     tree_budget: int | None = None,
     tree_max_children: int = 4,
+    tree_max_nodes: int | None = None,
     lookup: Any = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
@@ -883,7 +902,8 @@ def speculative_generate(
     `streamer` (batch size 1) works here too: generate() streams the prompt itself and the generate() hook of
     `import dspark_hf` hands the streamer on (transformers alone drops it for callables; `_dspark_takes_streamer`).
     Pass `sps=dspark_hf.SPSCache()` (or a table) to profile the cost curve once across calls. `tree_budget=N`
-    decodes tree drafts (also at batch size 1: the way to get trees through `target.generate`)."""
+    decodes tree drafts (also at batch size 1: the way to get trees through `target.generate`), `tree_max_nodes=K`
+    verifies at most K of each tree's nodes."""
     if drafter is None and speculate:
         raise ValueError("speculative_generate needs drafter=<DSparkDrafter> (pass it to target.generate)")
     if synced_gpus:
@@ -909,7 +929,8 @@ def speculative_generate(
         model, drafter, input_ids, attention_mask, generation_config=config, policy=policy, sps=sps,
         threshold=threshold, stopping_criteria=StoppingCriteriaList(custom) if custom else None,
         streamer=None if streamer is None else _PromptAlreadyStreamed(streamer), generator=generator,
-        speculate=speculate, tree_budget=tree_budget, tree_max_children=tree_max_children, lookup=lookup,
+        speculate=speculate, tree_budget=tree_budget, tree_max_children=tree_max_children,
+        tree_max_nodes=tree_max_nodes, lookup=lookup,
         **model_kwargs,
     )
 

@@ -89,6 +89,7 @@ __all__ = [
     "async_lengths",
     "async_tree",
     "async_width",
+    "cap_tree",
     "expected_throughput",
     "expected_tree_throughput",
     "fixed_lengths",
@@ -524,6 +525,24 @@ def threshold_tree(survival: torch.Tensor, valid: torch.Tensor, threshold: float
         raise ValueError(f"threshold must be in [0, 1], got {threshold}")
     survival, valid = _check_survival(survival, valid)
     return valid & (survival >= threshold)
+
+
+def cap_tree(survival: torch.Tensor, admitted: torch.Tensor, max_nodes: int) -> torch.Tensor:
+    """Each row's `max_nodes` admitted nodes of highest survival (ties: node index): a verification width per row, so
+    that a tree's alternatives replace the chain's unlikely tail instead of widening the forward.
+
+    The result stays a tree per row: survival never increases from parent to child, and a tie ranks the parent
+    (created first) before its child. Non-anticipation (Appendix A, as for `schedule_tree`): node n is kept iff fewer
+    than `max_nodes` kept-able nodes rank before it; its later siblings and all their descendants and its own
+    descendants rank after it (keys never increase along first-child and next-sibling edges when sampling, and those
+    nodes are created after n), so the decision reads only nodes outside n's subtree in the left-child right-sibling
+    view, and n's own key, which reads its ancestors and earlier siblings only.
+    """
+    if not isinstance(max_nodes, int) or isinstance(max_nodes, bool) or max_nodes < 1:
+        raise ValueError(f"max_nodes must be an integer >= 1, got {max_nodes!r}")
+    survival, admitted = _check_survival(survival, admitted)
+    _, order, live = _ranked_per_row(survival, admitted)
+    return _best_per_row(order, live, max_nodes)
 
 
 def async_tree(survival: torch.Tensor, valid: torch.Tensor, stale_survival: torch.Tensor, stale_valid: torch.Tensor,
