@@ -454,6 +454,23 @@ SECTIONS = [
     ("round_rules/round_rules.md",
      "Batch 1 through the batched loop: the tail gate and the probe rule on vs off, and `fixed`",
      "OMP_NUM_THREADS=1 python scripts/bench_round_rules.py --out results/round_rules"),
+    ("bench_smollm2_warm_c16/bench.md",
+     "Scheduled with a `PolicyMemory` (`scheduled-warm`: each call starts from what the previous calls learned, the "
+     "first warmed by one untimed call on the next 16 prompts) vs starting every call cold, 16 requests, the "
+     "benchmark alone on the machine (issue 14 goal: >= 0.97x)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies scheduled scheduled-warm --concurrency 16 --max-new-tokens 48 --repeats 5 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_warm_c16"),
+    ("bench_smollm2_warm_low/bench.md",
+     "The same at 1 and 4 requests, with `fixed`",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies fixed scheduled scheduled-warm --concurrency 1 4 --max-new-tokens 48 --repeats 3 --lookup release "
+     "--prepack --gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_warm_low"),
+    ("bench_smollm2_warm_c64/bench.md",
+     "The same at 64 requests (`fixed` left out: 0.52-0.61x of none at 64 in every earlier run)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies scheduled scheduled-warm --concurrency 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_warm_c64"),
 ]
 
 

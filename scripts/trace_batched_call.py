@@ -2,7 +2,7 @@
 with lookup drafts and the release drafter, same prompts, SmolLM2-135M-Instruct on a prepacked target (issue 14).
 
     OMP_NUM_THREADS=1 python scripts/trace_batched_call.py --concurrency 64 [--repeats 2] [--sps FILE] [--drafter DIR] [--gqa-attention]
-        [--modes plain scheduled scheduled-padded]
+        [--modes plain scheduled scheduled-padded scheduled-warm]
 
 Prints, per run, the total seconds and the seconds / calls of the prefill, the target forwards by width, the drafter
 forwards, its context projections and the lookup's proposals (one call per row), and the rest (the loop's own
@@ -40,9 +40,10 @@ def main() -> None:
     p.add_argument("--drafter", help="drafter folder (default: the release drafter)")
     p.add_argument("--gqa-attention", action="store_true", help="dspark_hf.use_gqa_attention(target) for both runs")
     p.add_argument("--modes", nargs="+", default=["plain", "scheduled"],
-                   choices=["plain", "scheduled", "scheduled-padded"],
+                   choices=["plain", "scheduled", "scheduled-padded", "scheduled-warm"],
                    help="scheduled-padded: the padding of each verification forward multiplied too and priced "
-                        "(ragged_verification=False)")
+                        "(ragged_verification=False); scheduled-warm: with a PolicyMemory learned first in one "
+                        "untimed call on the next C prompts and kept across the repeats")
     args = p.parse_args()
     torch.set_num_threads(1)
     target, tok = load_target("smollm2-135m-instruct")
@@ -56,6 +57,12 @@ def main() -> None:
     sps = (SPSTable.load(args.sps, target=target, reprofile=True, max_tokens=max_b) if args.sps
            else profile_sps(target, max_tokens=max_b, context_lengths=(128,), repeats=2, rows=rows))
     ids, mask = _prompts(target, tok, rows, 0, args.prompt_set)
+    memory = None
+    if "scheduled-warm" in args.modes:
+        memory = dspark_hf.PolicyMemory()
+        warm_ids, warm_mask = _prompts(target, tok, rows, 0, args.prompt_set, offset=rows)
+        dspark_hf.generate(target, drafter, warm_ids, warm_mask, max_new_tokens=args.max_new_tokens,
+                           policy="scheduled", sps=sps, eos_token_id=[], lookup=lookup, policy_memory=memory)
     times: dict[str, float] = collections.defaultdict(float)
     calls: collections.Counter = collections.Counter()
     verifying: list[str] = []
@@ -107,11 +114,14 @@ def main() -> None:
             out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens,
                                      policy="scheduled", sps=sps, eos_token_id=[], return_dict_in_generate=True,
                                      lookup=lookup, speculate=mode != "plain", record_rounds=True,
-                                     ragged_verification=mode != "scheduled-padded")
+                                     ragged_verification=mode != "scheduled-padded",
+                                     policy_memory=memory if mode == "scheduled-warm" else None)
             total = time.perf_counter() - start
             parts = ", ".join(f"{k} {v:.2f} s / {calls[k]}" for k, v in sorted(times.items()))
             print(f"[{repeat}] {mode:9s} {total:6.2f} s: {parts}, the rest {total - sum(times.values()):.2f} s")
-            if mode != "plain":
+            if mode != "plain":  # D: the drafter drafted, L: lookup drafts alone, .: a plain round
+                print("      rounds: " + "".join("L" if r.lookup_only else "D" if r.confidence_logits is not None
+                                                  else "." for r in out.rounds))
                 accepted = [int(r.accepted.sum()) for r in out.rounds if int(r.lengths.sum()) > 0]
                 for line, acc in zip(verifying, accepted):
                     print(f"      {line}, accepted {acc}")

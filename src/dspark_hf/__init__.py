@@ -19,6 +19,7 @@ from .models.gqa_attention import restore_attention, use_gqa_attention
 from .models.configuration_dspark import DSparkConfig
 from .models.drafting import DraftBlock, DSparkContextCache
 from .decoding.batched import DSparkGenerateOutput, RowStats, SPSCache, generate, speculative_generate
+from .decoding.policy_memory import PolicyMemory
 from .training.calibration import expected_calibration_error, fit_sts
 from .decoding.scheduler import async_lengths, prefix_survival, schedule_prefix, threshold_lengths
 from .decoding.sps import SPSTable, profile_batch1_sps, profile_sps
@@ -58,6 +59,7 @@ __all__ = [
     "DSparkGenerateOutput",
     "RowStats",
     "SPSCache",
+    "PolicyMemory",
     "SPSTable",
     "async_lengths",
     "expected_calibration_error",

@@ -95,6 +95,7 @@ from transformers.utils import ModelOutput, logging
 from ..models.lookup import LookupProposal, lookup_block, merge_lookup_drafts
 from ..models.modeling_dspark import DSparkDrafter
 from ..models.prepacked import is_prepacked, ragged_tokens
+from .policy_memory import LearnedState, PolicyMemory
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthClock, IdleBackoff, LengthPolicy,
                           MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, Riders, RowOutputs,
                           RowStats, target_layer_ids)
@@ -426,6 +427,7 @@ def generate(
     ragged_verification: bool | None = None,
     measured_cost: bool = True,
     online_calibration: bool = True,
+    policy_memory: PolicyMemory | None = None,
     **config_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """Speculative decoding of a left-padded batch with a DSpark drafter. Lossless: greedy output equals each row's
@@ -526,6 +528,11 @@ def generate(
             accepted against what they predicted (`round_state.OnlineCalibration`, the last 16 drafting rounds), so
             over-confident estimates (another domain, another draft source) stop buying verification that does not
             pay. Past rounds only: lossless either way.
+        policy_memory: for "scheduled" / "async": a `PolicyMemory` that carries what this call's policy learned (idle
+            backoffs, realized gains, round overheads, online calibrations) into the next call of the same kind, and
+            starts this call from what the last one learned, instead of cold (`decoding.policy_memory`: a call that
+            ended with the drafter backed off starts backed off, without a drafter probe). One memory per target /
+            drafter pair. Past rounds only: lossless either way. None (default): every call starts cold.
         **config_kwargs: `GenerationConfig` settings by name (e.g. `max_length=`, `use_cache=`), as
             `target.generate` accepts them; anything else raises `TypeError`.
     """
@@ -568,7 +575,16 @@ def generate(
     if priced:
         sps = resolve_sps(target, sps, max_tokens=input_ids.shape[0] * width_max, rows=input_ids.shape[0])
     cost = MeasuredCost(sps) if priced and measured_cost else (sps if priced else None)
-    clock = RoundClock(priced=count_round_overhead and priced)
+    if policy_memory is not None and not priced:
+        raise ValueError(f"policy_memory carries what the priced policies learn: it needs policy 'scheduled' or "
+                         f"'async' with speculate=True, got policy={policy!r}, speculate={speculate}")
+    memory_key = None if policy_memory is None else policy_memory.key(
+        target, drafter, policy=policy, rows=input_ids.shape[0], lookup=lookup is not None, tree_budget=tree_budget)
+    learned = None if memory_key is None else policy_memory.recall(memory_key)
+    if learned is not None:
+        learned = learned.restored(backoff_enabled=idle_backoff and priced, clock_priced=count_round_overhead and priced,
+                                   calibrate=priced and online_calibration)
+    clock = learned.clock if learned is not None else RoundClock(priced=count_round_overhead and priced)
     # trees with a priced policy that counts the round overhead: growth priced too, planned before every growth step
     planned = clock.priced and spec is not None and spec.budget > 0 and plans_growth(drafter)
     growth = GrowthClock(priced=planned)
@@ -578,9 +594,12 @@ def generate(
     backoff = IdleBackoff(enabled=idle_backoff and priced)
     # lookup-only rounds skip their proposals while they do not pay, only where those cost > 5% of a round
     lookup_backoff = IdleBackoff(enabled=True)
+    realized = RealizedGain()  # the verifying rounds' measured gains against plain rounds (backoff of each kind)
+    if learned is not None:  # start where the last call of this kind ended (`policy_memory`)
+        backoff, lookup_backoff, realized = learned.backoff, learned.lookup_backoff, learned.realized
+        choose.calibration, choose.lookup_calibration = learned.calibration, learned.lookup_calibration
     lookup_only = lookup is not None and lookup_rounds and backoff.enabled
     riders = Riders(drop_finished)  # finished rows: dropped, or riding along while a drop would cost more
-    realized = RealizedGain()  # the verifying rounds' measured gains against plain rounds (backoff of each kind)
     vocab_size = int(target.get_output_embeddings().weight.shape[0])
     branching = BranchBackoff(enabled=idle_backoff and priced and spec is not None and spec.budget > 0)
     criteria = settings.stopping_criteria(stopping_criteria)
@@ -815,6 +834,9 @@ def generate(
                 realized.verifying_round(kind, round_seconds, emitted)
         riders.observe_round(time.perf_counter() - round_start - one_time, live_rows, emitted)
 
+    if memory_key is not None:  # what the next call of this kind starts from
+        policy_memory.remember(memory_key, LearnedState(backoff, lookup_backoff, realized, clock, choose.calibration,
+                                                        choose.lookup_calibration))
     if streamer is not None:
         streamer.end()
     sequences = outputs.sequences()
@@ -894,6 +916,7 @@ def speculative_generate(
     tree_max_children: int = 4,
     tree_max_nodes: int | None = None,
     lookup: Any = None,
+    policy_memory: PolicyMemory | None = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
     """The same loop behind `target.generate(**inputs, custom_generate=dspark_hf.speculative_generate,
@@ -903,7 +926,8 @@ def speculative_generate(
     `import dspark_hf` hands the streamer on (transformers alone drops it for callables; `_dspark_takes_streamer`).
     Pass `sps=dspark_hf.SPSCache()` (or a table) to profile the cost curve once across calls. `tree_budget=N`
     decodes tree drafts (also at batch size 1: the way to get trees through `target.generate`), `tree_max_nodes=K`
-    verifies at most K of each tree's nodes."""
+    verifies at most K of each tree's nodes; `policy_memory=dspark_hf.PolicyMemory()` carries what the policy learned
+    from call to call."""
     if drafter is None and speculate:
         raise ValueError("speculative_generate needs drafter=<DSparkDrafter> (pass it to target.generate)")
     if synced_gpus:
@@ -930,7 +954,7 @@ def speculative_generate(
         threshold=threshold, stopping_criteria=StoppingCriteriaList(custom) if custom else None,
         streamer=None if streamer is None else _PromptAlreadyStreamed(streamer), generator=generator,
         speculate=speculate, tree_budget=tree_budget, tree_max_children=tree_max_children,
-        tree_max_nodes=tree_max_nodes, lookup=lookup,
+        tree_max_nodes=tree_max_nodes, lookup=lookup, policy_memory=policy_memory,
         **model_kwargs,
     )
 

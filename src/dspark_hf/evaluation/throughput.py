@@ -28,6 +28,7 @@ from transformers.utils import logging
 
 from ..models.drafting import DraftBlock, DSparkContextCache
 from ..decoding.batched import generate
+from ..decoding.policy_memory import PolicyMemory
 from ..models.modeling_dspark import DSparkDrafter
 from ..provenance import atomic_write_json, atomic_write_text, provenance
 from ..decoding.sps import SPSTable, profile_sps
@@ -46,12 +47,16 @@ __all__ = [
 
 logger = logging.get_logger(__name__)
 
-POLICY_NAMES = ("none", "fixed", "threshold", "scheduled", "async", "scheduled-ragged", "scheduled-plain-skips")
+POLICY_NAMES = ("none", "fixed", "threshold", "scheduled", "async", "scheduled-ragged", "scheduled-plain-skips",
+                "scheduled-warm")
 """`none` is transformers' own batched `generate()`; `scheduled-ragged` is "scheduled" as the paper's Algorithm 1
 prices it (B = the sum of per-row lengths, a profiled curve only: `padded_pricing=False, measured_cost=False`), the
 reference for what pricing the padded forward and correcting the curve with timed forwards change;
 `scheduled-plain-skips` is "scheduled" whose rounds skipped by the idle backoff are plain decoding even with a lookup
-(`lookup_rounds=False`), the reference for what lookup-only rounds change."""
+(`lookup_rounds=False`), the reference for what lookup-only rounds change; `scheduled-warm` is "scheduled" with a
+`PolicyMemory` kept across its runs at one concurrency (`generate(policy_memory=)`), learned first in one untimed call
+on the next C prompts of the set, so every timed run starts from what earlier calls learned, as in a server that
+decodes a stream of similar batches (`scheduled` starts every call cold)."""
 DEFAULT_POLICIES = POLICY_NAMES[:5]
 
 
@@ -133,9 +138,12 @@ def _toy_target(seed: int = 0, size: str = "toy"):
     return model
 
 
-def _prompts(target, tokenizer, concurrency: int, seed: int, prompt_set: str | None) -> tuple[torch.Tensor, torch.Tensor]:
+def _prompts(target, tokenizer, concurrency: int, seed: int, prompt_set: str | None,
+             offset: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    """`concurrency` left-padded prompts: random token ids (toy targets; `seed`, `offset` added to it) or the chat
+    prompts of `prompt_set` from its `offset`-th item on (cycling)."""
     if tokenizer is None:
-        g = torch.Generator().manual_seed(seed)
+        g = torch.Generator().manual_seed(seed + offset)
         lengths = [16 + int(torch.randint(0, 48, (1,), generator=g)) for _ in range(concurrency)]
         rows = [torch.randint(1, target.config.vocab_size, (n,), generator=g).tolist() for n in lengths]
     else:
@@ -144,7 +152,7 @@ def _prompts(target, tokenizer, concurrency: int, seed: int, prompt_set: str | N
         items = load_prompt_set(prompt_set or "mt_bench")
         rows = []
         for i in range(concurrency):
-            messages = items[i % len(items)].messages
+            messages = items[(offset + i) % len(items)].messages
             text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
             rows.append(tokenizer(text, add_special_tokens=False)["input_ids"])
     width = max(map(len, rows))
@@ -153,8 +161,10 @@ def _prompts(target, tokenizer, concurrency: int, seed: int, prompt_set: str | N
     return ids.to(target.device), mask.to(target.device)
 
 
-def _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, threshold, do_sample, seed, lookup=None):
-    """One timed run; returns (seconds, output or None for no speculation)."""
+def _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, threshold, do_sample, seed, lookup=None,
+                memory=None):
+    """One timed run; returns (seconds, output or None for no speculation). `memory`: the `PolicyMemory` of
+    `scheduled-warm`."""
     start = time.perf_counter()
     if policy == "none":
         # Exactly max_new_tokens per row with no EOS handling, as the speculative runs (eos_token_id=[]) do: the
@@ -170,6 +180,10 @@ def _run_policy(target, drafter, ids, mask, policy, max_new_tokens, sps, thresho
             policy, variant = "scheduled", dict(padded_pricing=False, measured_cost=False)
         elif policy == "scheduled-plain-skips":
             policy, variant = "scheduled", dict(lookup_rounds=False)
+        elif policy == "scheduled-warm":
+            if memory is None:
+                raise ValueError("scheduled-warm needs the PolicyMemory its runs share")
+            policy, variant = "scheduled", dict(policy_memory=memory)
         out = generate(target, drafter, ids, mask, max_new_tokens=max_new_tokens, policy=policy, sps=sps,
                        threshold=threshold, do_sample=do_sample, eos_token_id=[], return_dict_in_generate=True,
                        generator=torch.Generator().manual_seed(seed), lookup=lookup, **variant)
@@ -196,13 +210,22 @@ def run_bench(target, drafter, concurrencies: list[int], policies: list[str], ma
             conts = [ids[r, mask[r].bool()].tolist() + base[r, width:].tolist() for r in range(c)]
         times: dict[str, list[float]] = {p: [] for p in policies}
         outs: dict[str, Any] = {}
+        memory = None
+        if "scheduled-warm" in policies:  # learned in one untimed call on the next C prompts (`POLICY_NAMES`)
+            memory = PolicyMemory()
+            warm_ids, warm_mask = _prompts(target, tokenizer, c, seed, prompt_set, offset=c)
+            if simulated:  # (simulated drafts follow these prompts' continuations: learned on the same prompts)
+                drafter.configure(conts, rates, seed)
+                warm_ids, warm_mask = ids, mask
+            _run_policy(target, drafter, warm_ids, warm_mask, "scheduled-warm", max_new_tokens, table, threshold,
+                        do_sample, seed, lookup, memory)
         for rep in range(repeats):
             order = policies[rep % len(policies):] + policies[: rep % len(policies)]
             for policy in order:
                 if simulated:
                     drafter.configure(conts, rates, seed)  # same simulated draws for every policy and repeat
                 seconds, out = _run_policy(target, drafter, ids, mask, policy, max_new_tokens, table, threshold,
-                                           do_sample, seed, lookup)
+                                           do_sample, seed, lookup, memory)
                 times[policy].append(seconds)
                 outs[policy] = out
         for policy in policies:
