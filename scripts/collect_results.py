@@ -466,11 +466,28 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies fixed scheduled scheduled-warm --concurrency 1 4 --max-new-tokens 48 --repeats 3 --lookup release "
      "--prepack --gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_warm_low"),
+    ("bench_smollm2_warm_c16_r2/bench.md",
+     "The 16-request comparison of cold and warm calls run again (same command, `--out "
+     "results/bench_smollm2_warm_c16_r2`)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies scheduled scheduled-warm --concurrency 16 --max-new-tokens 48 --repeats 5 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_warm_c16_r2"),
+    ("decode_only_warm/decode_only_c16.md",
+     "Decode only at 16 requests: where a cold and a warm scheduled call spend their time outside the target's "
+     "forwards, against transformers' and the loop's own plain decoding",
+     "OMP_NUM_THREADS=1 python scripts/bench_decode_only.py --concurrency 16 --repeats 3 --methods "
+     "'hf plain,none,scheduled,scheduled-warm' --sps results/bench_smollm2_warm_c16/sps-rows16.json "
+     "--out results/decode_only_warm"),
     ("bench_smollm2_warm_c64/bench.md",
      "The same at 64 requests (`fixed` left out: 0.52-0.61x of none at 64 in every earlier run)",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies scheduled scheduled-warm --concurrency 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack "
      "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_warm_c64"),
+    ("bench_smollm2_warm_c64_r3/bench.md",
+     "The 64-request comparison run again with 3 repeats",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies scheduled scheduled-warm --concurrency 64 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_warm_c64_r3"),
 ]
 
 
