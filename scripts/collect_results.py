@@ -483,6 +483,13 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies scheduled scheduled-warm --concurrency 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack "
      "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_warm_c64"),
+    ("compare_smollm2_session/compare.md",
+     "Today's release drafter alone and behind n-gram lookup drafts vs target-only and transformers' prompt lookup, "
+     "batch 1, prepacked target with GQA attention, re-measured on a VM whose profiled batch-1 cost curve was flat "
+     "(issue 14 goals: >= 1.8x, faster than prompt lookup on every set)",
+     "OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct "
+     "--drafter dspark=results/training_smollm2_bf16/drafter --limit 8 --max-new-tokens 64 --speed-prompts 2 "
+     "--prepack --gqa-attention --lookup release --out results/compare_smollm2_session"),
     ("bench_smollm2_warm_c64_r3/bench.md",
      "The 64-request comparison run again with 3 repeats",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
