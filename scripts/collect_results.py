@@ -490,6 +490,12 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct "
      "--drafter dspark=results/training_smollm2_bf16/drafter --limit 8 --max-new-tokens 64 --speed-prompts 2 "
      "--prepack --gqa-attention --lookup release --out results/compare_smollm2_session"),
+    ("tree/batch1_session_flat.md",
+     "Trees vs the chain at batch 1 re-measured on a VM whose profiled batch-1 cost curve was flat up to 8 tokens "
+     "(prepacked target, GQA attention, policy fixed; issue 13)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic "
+     "--prompts 2 --max-new-tokens 64 --budgets 4 8 --repeats 2 --threads 1 --prepack --gqa-attention "
+     "--label session_flat"),
     ("bench_smollm2_warm_c64_r3/bench.md",
      "The 64-request comparison run again with 3 repeats",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
