@@ -48,7 +48,9 @@ def main() -> None:
                         "forwards priced by their real tokens, Algorithm 1's sum: padded_pricing=False), "
                         "scheduled-old (padded, dropped at once and holes compacted past 2 verification widths: the "
                         "loop before `Riders` / `compaction_pays`), scheduled-warm (with a PolicyMemory learned in "
-                        "one untimed call on the next C prompts, kept across the repeats)")
+                        "one untimed call on the next C prompts, kept across the repeats), scheduled-warm-skip32 "
+                        "(the same with the drafter's skips capped at 32 rounds, as within one call: "
+                        "PolicyMemory(max_skip=32))")
     p.add_argument("--out", help="folder for decode_only.json / .md")
     args = p.parse_args()
     torch.set_num_threads(1)
@@ -98,16 +100,17 @@ def main() -> None:
                     kwargs["ragged_verification"] = False
                 if method == "scheduled-ragged-pricing":
                     kwargs["padded_pricing"] = False
-                if method == "scheduled-warm":
-                    kwargs["policy_memory"] = memory
+                if method in memories:
+                    kwargs["policy_memory"] = memories[method]
                 out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=args.max_new_tokens,
                                          policy="scheduled", sps=sps, eos_token_id=[], **kwargs)
         total = time.perf_counter() - start
         return total, first[1] - first[0], out[:, width:], list(forwards)
 
     methods = [m.strip() for m in args.methods.split(",")]
-    memory = dspark_hf.PolicyMemory()
-    if "scheduled-warm" in methods:  # learned on other prompts of the set, as `dspark-hf bench` does
+    memories = {m: dspark_hf.PolicyMemory(**({"max_skip": 32} if m.endswith("skip32") else {}))
+                for m in methods if m.startswith("scheduled-warm")}
+    for memory in memories.values():  # learned on other prompts of the set, as `dspark-hf bench` does
         warm_ids, warm_mask = _prompts(target, tok, c, 0, args.prompt_set, offset=c)
         dspark_hf.generate(target, drafter, warm_ids, warm_mask, max_new_tokens=args.max_new_tokens,
                            policy="scheduled", sps=sps, eos_token_id=[], lookup=lookup, policy_memory=memory)

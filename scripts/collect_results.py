@@ -496,6 +496,29 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic "
      "--prompts 2 --max-new-tokens 64 --budgets 4 8 --repeats 2 --threads 1 --prepack --gqa-attention "
      "--label session_flat"),
+    ("decode_only_warm_skip/decode_only_c16.md",
+     "Decode only at 16 requests: warm calls whose drafter skips may grow to 128 rounds and run on across calls "
+     "(`PolicyMemory()`, the default) vs skips capped at 32 rounds as within one call (`PolicyMemory(max_skip=32)`)",
+     "OMP_NUM_THREADS=1 python scripts/bench_decode_only.py --concurrency 16 --repeats 3 --methods "
+     "'hf plain,none,scheduled-warm,scheduled-warm-skip32' --sps results/bench_smollm2_warm_c16/sps-rows16.json "
+     "--out results/decode_only_warm_skip"),
+    ("bench_smollm2_warm128_c16/bench.md",
+     "Cold vs warm calls at 16 requests with the memory's longer drafter skips (`PolicyMemory()`, max_skip 128)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies scheduled scheduled-warm --concurrency 16 --max-new-tokens 48 --repeats 5 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --sps results/bench_smollm2_warm_c16/sps-rows16.json "
+     "--out results/bench_smollm2_warm128_c16"),
+    ("bench_smollm2_warm128_low/bench.md",
+     "The same at 1 and 4 requests, with `fixed`",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies fixed scheduled scheduled-warm --concurrency 1 4 --max-new-tokens 48 --repeats 3 --lookup release "
+     "--prepack --gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_warm128_low"),
+    ("bench_smollm2_warm128_c64/bench.md",
+     "The same at 64 requests",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
+     "--policies scheduled scheduled-warm --concurrency 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack "
+     "--gqa-attention --prompt-set gsm_symbolic --sps results/bench_smollm2_warm_c64/sps-rows64.json "
+     "--out results/bench_smollm2_warm128_c64"),
     ("bench_smollm2_warm_c64_r3/bench.md",
      "The 64-request comparison run again with 3 repeats",
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "

@@ -41,7 +41,7 @@ def test_a_warm_call_starts_where_the_last_one_ended_and_stays_lossless():
     second = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=40, policy_memory=memory, **COST)
     for out in (cold, first, second):
         assert [out.sequences[r, width:].tolist() for r in range(len(PROMPTS))] == reference
-    assert _drafter_rounds(first) == _drafter_rounds(cold)  # an empty memory is a cold start
+    assert _drafter_rounds(first) == _drafter_rounds(cold)  # an empty memory is a cold start (skips < max_skip here)
     assert _drafter_rounds(cold)[:2] == [True, True]  # cold: the drafter is probed at once
     assert sum(_drafter_rounds(second)) < sum(_drafter_rounds(cold))
     # the second call started inside the skip the first one ended in, if it ended in one
@@ -132,3 +132,29 @@ def test_the_bench_runs_the_warm_policy_side_by_side():
                      repeats=1)
     assert [r.policy for r in rows] == ["none", "scheduled", "scheduled-warm"]
     assert all(r.identical_to_target for r in rows[1:])
+
+
+def test_the_drafters_skips_run_longer_with_a_memory():
+    """`IdleBackoff.max_skip` caps the doubling skips (32 within a call); a `PolicyMemory` raises the drafter's cap to
+    its `max_skip`, so a drafter that never pays is probed less often over a stream of calls."""
+    backoff = IdleBackoff(enabled=True)
+    for _ in range(20):
+        backoff.observe(False, min_skip=2)
+    assert backoff.skip_len == IdleBackoff.MAX_SKIP == 32
+    longer = IdleBackoff(enabled=True, max_skip=128)
+    for _ in range(20):
+        longer.observe(False, min_skip=2)
+    assert longer.skip_len == 128
+    with pytest.raises(ValueError, match="max_skip must be an integer >= 2"):
+        PolicyMemory(max_skip=1)
+    target = make_target("llama")
+    drafter = fixed_confidence_drafter(target, -30.0, block_size=4)
+    ids, mask = left_pad(PROMPTS)
+    rounds = {}
+    for cap in (32, 128):
+        memory = PolicyMemory(max_skip=cap)
+        calls = [dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=40, policy_memory=memory, **COST)
+                 for _ in range(4)]
+        rounds[cap] = sum(sum(_drafter_rounds(out)) for out in calls)
+        assert memory.recall(("scheduled", 4, False, None)).backoff.skip_len == cap
+    assert rounds[128] < rounds[32]

@@ -531,8 +531,9 @@ def generate(
         policy_memory: for "scheduled" / "async": a `PolicyMemory` that carries what this call's policy learned (idle
             backoffs, realized gains, round overheads, online calibrations) into the next call of the same kind, and
             starts this call from what the last one learned, instead of cold (`decoding.policy_memory`: a call that
-            ended with the drafter backed off starts backed off, without a drafter probe). One memory per target /
-            drafter pair. Past rounds only: lossless either way. None (default): every call starts cold.
+            ended with the drafter backed off starts backed off, without a drafter probe; the drafter's skips may grow
+            to `PolicyMemory.max_skip` rounds and run on across calls). One memory per target / drafter pair. Past
+            rounds only: lossless either way. None (default): every call starts cold.
         **config_kwargs: `GenerationConfig` settings by name (e.g. `max_length=`, `use_cache=`), as
             `target.generate` accepts them; anything else raises `TypeError`.
     """
@@ -598,6 +599,8 @@ def generate(
     if learned is not None:  # start where the last call of this kind ended (`policy_memory`)
         backoff, lookup_backoff, realized = learned.backoff, learned.lookup_backoff, learned.realized
         choose.calibration, choose.lookup_calibration = learned.calibration, learned.lookup_calibration
+    if policy_memory is not None:  # the drafter's skips may run on across calls
+        backoff.max_skip = policy_memory.max_skip
     lookup_only = lookup is not None and lookup_rounds and backoff.enabled
     riders = Riders(drop_finished)  # finished rows: dropped, or riding along while a drop would cost more
     vocab_size = int(target.get_output_embeddings().weight.shape[0])

@@ -1047,6 +1047,8 @@ class IdleBackoff:
         streak: consecutive drafting rounds that did not pay.
         skip_left: plain rounds left in the current skip.
         skip_len: the length of the next skip.
+        max_skip: the longest skip (`MAX_SKIP`; a `PolicyMemory` allows the drafter's longer ones, its skips running
+            on across calls).
 
     A probe that costs less than `LengthPolicy.probe_skip`'s share of a round (`min_skip=0`: the lookup-only rounds'
     proposals at a few rows) is never skipped; a costly one (a drafter forward under load) starts its skips at
@@ -1062,6 +1064,7 @@ class IdleBackoff:
     streak: int = 0
     skip_left: int = 0
     skip_len: int = 2
+    max_skip: int = MAX_SKIP
 
     def skip(self) -> bool:
         """Whether this round skips the drafter (and counts it against the current skip)."""
@@ -1083,8 +1086,8 @@ class IdleBackoff:
         self.streak += 1
         patience = 1 if int(min_skip) >= self.IMPATIENT_SKIP else 2
         if self.streak >= patience and int(min_skip) > 0:
-            skip = max(self.skip_len, min(int(min_skip), self.MAX_SKIP))
-            self.skip_left, self.skip_len = skip, min(2 * skip, self.MAX_SKIP)
+            skip = max(self.skip_len, min(int(min_skip), self.max_skip))
+            self.skip_left, self.skip_len = skip, min(2 * skip, self.max_skip)
 
 
 @dataclass
