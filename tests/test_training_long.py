@@ -166,3 +166,75 @@ def test_heldout_tau_script_merges_separate_measurements_and_refuses_mismatched_
         script.main(["--merge", str(tmp_path / "base.json"), str(tmp_path / "base.json")])  # a label twice
     with pytest.raises(SystemExit):
         script.main(["--drafter", f"x={tmp_path / 'missing'}"])  # no target
+
+
+class _FakeClock:
+    """perf_counter for the trainer module: each optimizer step costs `pace` seconds (advanced by the test's hook)."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+    def process_time(self) -> float:
+        return self.now
+
+    def __getattr__(self, name):  # everything else from the real module
+        import time
+
+        return getattr(time, name)
+
+
+def _budget_run(tmp_path, monkeypatch, pace: float, **kw):
+    import dspark_hf.training.trainer as trainer_module
+
+    clock = _FakeClock()
+    monkeypatch.setattr(trainer_module, "time", clock)
+    target = make_target("llama")
+    cfg = tiny_config(tmp_path, lr_schedule="wsd", warmup_steps=2, decay_fraction=0.25, **kw)
+    trainer = DSparkTrainer(cfg, target, learnable_examples(target, count=40), progress=False)
+    real_compute = trainer.compute_loss
+    lrs = []
+
+    def compute(examples, index):
+        clock.now += pace
+        lrs.append(trainer.optimizer.param_groups[0]["lr"])
+        return real_compute(examples, index)
+
+    trainer.compute_loss = compute
+    trainer.train()
+    return trainer, lrs
+
+
+def test_time_budget_replans_max_steps_so_the_wsd_decay_ends_at_the_budget(tmp_path, monkeypatch):
+    # 2 s a step, a 60 s budget: about 30 steps, far below max_steps=1000, and the schedule decays to its floor
+    trainer, lrs = _budget_run(tmp_path, monkeypatch, pace=2.0, max_steps=1000, time_budget_seconds=60.0,
+                               min_lr_ratio=0.0)
+    assert 27 <= trainer.step <= 31, trainer.step
+    assert trainer.config.max_steps == trainer.step
+    assert trainer.budget_plans and trainer.budget_plans[0]["max_steps"] < 1000
+    peak = 3e-3
+    assert max(lrs) == pytest.approx(peak)
+    assert lrs[-1] < 0.2 * peak  # the last step ran near the end of the decay, not at the peak
+    log = [json.loads(line) for line in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert log[-1]["step"] == trainer.step
+    assert (tmp_path / "run" / "final" / "model.safetensors").exists()
+
+
+def test_time_budget_never_passes_max_steps_and_refuses_a_cosine_schedule(tmp_path, monkeypatch):
+    trainer, _ = _budget_run(tmp_path, monkeypatch, pace=0.01, max_steps=12, time_budget_seconds=600.0)
+    assert trainer.step == 12  # the budget would allow 60,000 steps: max_steps is the upper limit
+    with pytest.raises(ValueError, match="cosine"):
+        tiny_config(tmp_path, lr_schedule="cosine", time_budget_seconds=10.0)
+    with pytest.raises(ValueError, match="time_budget_seconds"):
+        tiny_config(tmp_path, lr_schedule="wsd", time_budget_seconds=0.0)
+
+
+def test_a_replanned_schedule_continues_from_the_current_step(tmp_path):
+    cfg = tiny_config(tmp_path, lr_schedule="wsd", warmup_steps=4, max_steps=20, decay_fraction=0.25, min_lr_ratio=0.1)
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.zeros(1))], lr=1.0)
+    build_lr_scheduler(opt, cfg)  # sets initial_lr, as the trainer's first schedule does
+    sched = build_lr_scheduler(opt, cfg, last_step=16)
+    assert sched.get_last_lr()[0] == pytest.approx(_multipliers(cfg, 17)[16])  # 0.82: one step into the decay
+    assert opt.param_groups[0]["lr"] == pytest.approx(0.82)

@@ -50,6 +50,7 @@ class DSparkTrainingConfig:
     decay_fraction: float = field(default=0.2, metadata={"help": "wsd: share of max_steps spent decaying"})
     min_lr_ratio: float = field(default=0.0, metadata={"help": "wsd: final learning rate as a fraction of the peak"})
     max_steps: int = field(default=1000, metadata={"help": "optimizer steps"})
+    time_budget_seconds: float | None = field(default=None, metadata={"help": "train for about this many seconds of wall time (steps, held-out evaluations and checkpoints of this session): max_steps is re-planned from the measured pace while the schedule is still before its decay, so a wsd decay ends at the budget (lr_schedule 'wsd' or 'constant'; max_steps stays the upper limit); None = max_steps decides"})
     stop_at_step: int | None = field(default=None, metadata={"help": "end this run at this optimizer step (held-out evaluation, checkpoint and final drafter written) without changing the learning-rate schedule, which still spans max_steps: an ablation stopped early under a long run's schedule; None = max_steps"})
     batch_size: int = field(default=4, metadata={"help": "sequences per micro-batch (per process)"})
     gradient_accumulation_steps: int = field(default=1, metadata={"help": "micro-batches per optimizer step"})
@@ -97,6 +98,12 @@ class DSparkTrainingConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.stop_at_step is not None and self.stop_at_step < 1:
             raise ValueError(f"stop_at_step must be >= 1 or None, got {self.stop_at_step}")
+        if self.time_budget_seconds is not None:
+            if not self.time_budget_seconds > 0:
+                raise ValueError(f"time_budget_seconds must be > 0 or None, got {self.time_budget_seconds}")
+            if self.lr_schedule == "cosine":
+                raise ValueError("time_budget_seconds re-plans max_steps during training, which would bend a cosine "
+                                 "schedule already under way; use lr_schedule='wsd' (or 'constant')")
         if self.max_examples is not None and self.max_examples < 1:
             raise ValueError(f"max_examples must be >= 1 or None, got {self.max_examples}")
         if not 0.0 <= self.heldout_fraction < 1.0:

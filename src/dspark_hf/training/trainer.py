@@ -32,7 +32,7 @@ import random
 import shutil
 import time
 import zlib
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -49,7 +49,7 @@ from ..models.modeling_dspark import DSparkDrafter
 from ..provenance import atomic_write_json, atomic_write_text, cpu_has_native_bf16, provenance
 from .config import DSparkTrainingConfig
 
-__all__ = ["DSparkTrainer", "build_drafter", "build_lr_scheduler", "heldout_prompt_ids", "heldout_tau",
+__all__ = ["DSparkTrainer", "build_drafter", "build_lr_scheduler", "wsd_decay_start", "heldout_prompt_ids", "heldout_tau",
            "init_layers_from_target", "is_heldout", "split_examples", "subset_examples", "train_from_config",
            "trainer_from_config", "read_trainer_state", "write_trainer_state", "STATE_FORMAT", "STATE_VERSION"]
 
@@ -312,17 +312,24 @@ def _decoder_layers(target) -> Sequence[torch.nn.Module]:
     return layers
 
 
-def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: DSparkTrainingConfig):
+def wsd_decay_start(config: DSparkTrainingConfig) -> int:
+    """The step at which a wsd schedule over `config.max_steps` starts decaying."""
+    return config.max_steps - max(1, round(config.decay_fraction * config.max_steps))
+
+
+def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: DSparkTrainingConfig, last_step: int = 0):
     """Linear warmup over `warmup_steps`, then `config.lr_schedule`: "cosine" (transformers' cosine decay to 0 at
     `max_steps`), "wsd" (constant peak, then a linear decay over the last `decay_fraction` of `max_steps` down to
     `min_lr_ratio`) or "constant". The multiplier depends on the step and the config only, so a resumed run with a
-    larger `max_steps` continues a wsd schedule in its stable phase."""
+    larger `max_steps` continues a wsd schedule in its stable phase. `last_step` > 0: a schedule that has already
+    taken that many steps (the optimizer's learning rates are set for the next one), for a re-planned run."""
+    previous = last_step - 1 if last_step > 0 else -1
     if config.lr_schedule == "cosine":
         from transformers import get_cosine_schedule_with_warmup
 
-        return get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, config.max_steps)
+        return get_cosine_schedule_with_warmup(optimizer, config.warmup_steps, config.max_steps, last_epoch=previous)
     warmup, total = config.warmup_steps, config.max_steps
-    decay_start = total - max(1, round(config.decay_fraction * total))
+    decay_start = wsd_decay_start(config)
 
     def multiplier(step: int) -> float:
         if step < warmup:
@@ -332,7 +339,7 @@ def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: DSparkTrainingC
         progress = min(1.0, (step - decay_start) / max(1, total - decay_start))
         return 1.0 - (1.0 - config.min_lr_ratio) * progress
 
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier)
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, multiplier, last_epoch=previous)
 
 
 class DSparkTrainer:
@@ -589,7 +596,8 @@ class DSparkTrainer:
                               {"config": asdict(cfg), "provenance": provenance(self.accelerator.device),
                                "num_processes": self.accelerator.num_processes,
                                "train_examples": len(self.train_examples), "heldout_examples": len(self.heldout)})
-        end = min(cfg.max_steps, cfg.stop_at_step or cfg.max_steps)
+        self._begin_session()
+        end = self._end_step()
         bar = None
         if self.progress and self.accelerator.is_main_process:
             from tqdm.auto import tqdm
@@ -627,11 +635,20 @@ class DSparkTrainer:
                     bar.set_postfix(loss=f"{record['loss']:.3f}", tau=f"{record['expected_tau']:.2f}")
             if bar is not None:
                 bar.update(1)
+            if cfg.time_budget_seconds is not None:
+                end = self._follow_budget(end)
+                if bar is not None and bar.total != end:
+                    bar.total = end
+                    bar.refresh()
             if cfg.eval_every and (self.step % cfg.eval_every == 0 or self.step == end):
+                began = time.perf_counter()
                 self.evaluate_heldout()
+                self._last_eval_seconds = time.perf_counter() - began
             if self.step % cfg.save_every == 0 or self.step == end:
+                began = time.perf_counter()
                 self.accelerator.wait_for_everyone()
                 self.save_checkpoint()
+                self._last_save_seconds = time.perf_counter() - began
         if bar is not None:
             bar.close()
         final = self.output_dir / "final"
@@ -643,6 +660,54 @@ class DSparkTrainer:
             tmp.rename(final)
         self.accelerator.wait_for_everyone()  # `final` exists for every process once train() returns
         return final
+
+    # ------------------------------------------------------------------ time budget
+    def _begin_session(self) -> None:
+        self._session_start = time.perf_counter()
+        self._session_first_step = self.step
+        self._step_limit = self.config.max_steps  # the user's max_steps: a re-planned run never goes past it
+        self._last_eval_seconds = 0.0
+        self._last_save_seconds = 0.0
+        self._next_replan = self.step + 3
+        self.budget_plans: list[dict[str, float]] = []
+
+    def _end_step(self) -> int:
+        cfg = self.config
+        return min(cfg.max_steps, cfg.stop_at_step or cfg.max_steps)
+
+    def _follow_budget(self, end: int) -> int:
+        """With `time_budget_seconds`: re-plans `max_steps` from this session's pace (wall seconds per step, the
+        evaluations and checkpoints so far included; the last evaluation and checkpoint kept in reserve for the end)
+        while the schedule has not started decaying, and ends the run early once the budget is overrun by 10%.
+        Returns the (new) last step. Every process reaches the same plan from the main process's clock."""
+        cfg = self.config
+        elapsed = time.perf_counter() - self._session_start
+        if self.accelerator.num_processes > 1:  # one clock for every process, or they would stop at different steps
+            from accelerate.utils import broadcast_object_list
+
+            elapsed = broadcast_object_list([elapsed])[0]
+        budget = float(cfg.time_budget_seconds)
+        if elapsed > 1.1 * budget and self.step < end:
+            logger.warning(f"time budget {budget:.0f} s overrun ({elapsed:.0f} s): ending at step {self.step}")
+            self.config.stop_at_step = self.step
+            return self.step
+        decaying = cfg.lr_schedule == "wsd" and self.step >= wsd_decay_start(cfg)
+        if decaying or self.step < self._next_replan:
+            return end
+        done = self.step - self._session_first_step
+        pace = elapsed / done
+        remaining = budget - elapsed - self._last_eval_seconds - self._last_save_seconds
+        planned = self.step + max(1, int(remaining / pace))
+        if cfg.lr_schedule == "wsd":  # the decay must still be ahead: at least one stable step left
+            while wsd_decay_start(replace(cfg, max_steps=planned)) <= self.step:
+                planned += 1
+        planned = min(planned, self._step_limit)
+        self._next_replan = self.step + max(3, min(50, (planned - self.step) // 20))
+        if planned != cfg.max_steps:
+            self.config = replace(cfg, max_steps=planned)
+            self.scheduler = build_lr_scheduler(self.optimizer, self.config, last_step=self.step)
+            self.budget_plans.append({"step": self.step, "elapsed": elapsed, "pace": pace, "max_steps": planned})
+        return self._end_step()
 
     def _cpu_record(self) -> dict[str, float]:
         return {} if self.train_cpu_seconds is None else {"train_cpu_seconds": self.train_cpu_seconds}

@@ -1,0 +1,135 @@
+"""scripts/gpu_train_drafters.py end to end on tiny random models on the CPU: prepare (GGUF parts, held-out prompt
+ids, fingerprint), run (workers side by side under a time budget, export, pack into <= 15 MiB parts) and unpack."""
+
+import importlib.util
+import json
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+import torch
+
+from conftest import learnable_examples, make_target, make_tokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _script():
+    spec = importlib.util.spec_from_file_location("gpu_train_drafters", ROOT / "scripts" / "gpu_train_drafters.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def lease(tmp_path):
+    target, tok = make_target("llama"), make_tokenizer()
+    target.generation_config.pad_token_id = 0
+    target.save_pretrained(tmp_path / "target")
+    tok.save_pretrained(tmp_path / "target")
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / "data-00000.jsonl").write_text("".join(
+        json.dumps({**asdict(e), "source": "t"}) + "\n" for e in learnable_examples(target, count=60)))
+    (tmp_path / "prompts.jsonl").write_text("".join(
+        json.dumps({"id": f"p{i}", "messages": [{"role": "user", "content": f"w{5 + i} w{9 + i} w{20 + i}"}]}) + "\n"
+        for i in range(3)))
+    (tmp_path / "fake.gguf").write_bytes(bytes(range(256)) * 50)  # 12,800 bytes: cut into 3 parts of 5,000
+    return tmp_path
+
+
+def _prepare(script, root: Path) -> dict:
+    rc = script.main(["prepare", "--target", str(root / "target"), "--gguf", str(root / "fake.gguf"),
+                      "--eval-prompts", str(root / "prompts.jsonl"), "--eval-num-prompts", "2",
+                      "--part-mb", str(5000 / 1024 / 1024), "--out", str(root / "gpu")])
+    assert rc == 0
+    return json.loads((root / "gpu" / "manifest.json").read_text())
+
+
+def test_prepare_cuts_the_gguf_and_assemble_checks_every_part(lease):
+    script = _script()
+    manifest = _prepare(script, lease)
+    assert manifest["parts"] == ["target.gguf.part00", "target.gguf.part01", "target.gguf.part02"]
+    assert len(manifest["eval_prompt_ids"]) == 2 and all(manifest["eval_prompt_ids"])
+    assert manifest["fingerprint"] == script.tensor_fingerprint(lease / "target")
+    # the parts may sit in several folders (one per lease call): found and joined in order
+    other = lease / "call1"
+    other.mkdir()
+    (lease / "gpu" / "target.gguf.part00").rename(other / "target.gguf.part00")
+    gguf = script._assemble(manifest, [other, lease / "gpu"], lease / "joined")
+    assert gguf.read_bytes() == (lease / "fake.gguf").read_bytes()
+    (other / "target.gguf.part00").unlink()
+    with pytest.raises(script.InputError, match="parts missing.*part00"):
+        script._assemble(manifest, [other, lease / "gpu"], lease / "joined")
+    (other / "target.gguf.part00").write_bytes(b"x" * 5000)
+    with pytest.raises(script.InputError, match="sha256"):
+        script._assemble(manifest, [other, lease / "gpu"], lease / "joined")
+
+
+def test_fingerprint_sees_one_changed_weight(lease):
+    script = _script()
+    before = script.tensor_fingerprint(lease / "target")
+    model = make_target("llama")
+    with torch.no_grad():
+        model.model.layers[1].mlp.up_proj.weight[3, 4] += 1e-6
+    model.save_pretrained(lease / "changed")
+    assert script.tensor_fingerprint(lease / "changed") != before
+
+
+def test_run_trains_the_runs_side_by_side_and_unpack_gives_loadable_drafters(lease, monkeypatch):
+    from dspark_hf import DSparkDrafter
+
+    script = _script()
+    _prepare(script, lease)
+    out = lease / "OUT"
+    monkeypatch.setattr(script, "PACK_PART_BYTES", 200_000)  # several parts, as the real drafters need
+    rc = script.main(["run", "--manifest", str(lease / "gpu" / "manifest.json"), "--target-dir",
+                      str(lease / "target"), "--data", str(lease / "data"), "--runs", "dspark,dflash",
+                      "--out", str(out), "--work", str(lease / "work"), "--budget", "6", "--batch-size", "4",
+                      "--num-anchors", "8", "--eval-every", "5", "--save-every", "1000", "--threads", "1",
+                      "--report-every", "1", "--device", "cpu"])
+    assert rc == 0, (lease / "work" / "dspark" / "worker.log").read_text()[-2000:]
+    files = sorted(p.name for p in out.iterdir())
+    assert len(files) <= 8 and "summary.json" in files and "drafters.tar.part01" in files
+    assert all((out / f).stat().st_size <= 16 * 1024 * 1024 for f in files)
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["phases"]["target"]["fingerprint_ok"] is True
+    for name in ("dspark", "dflash"):
+        run = summary["runs"][name]
+        assert run["steps"] >= 1 and run["packed"].startswith("yes")
+        assert run["worker"]["ok"] is True and run["worker"]["plans"], run  # the budget re-planned max_steps
+        assert run["heldout_tau"] and run["heldout_tau"][-1] >= 1.0
+    dest = lease / "drafters"
+    assert script.main(["unpack", "--files", str(out), "--dest", str(dest)]) == 0
+    target = make_target("llama")
+    for name, head in (("dspark", "markov"), ("dflash", "none")):
+        drafter = DSparkDrafter.from_pretrained(dest / name, target=target)
+        assert drafter.config.sequential_head == head
+        assert (dest / name / "log.jsonl").exists() and (dest / name / "heldout.jsonl").exists()
+    # a damaged part is refused, not unpacked into a half-written folder
+    (out / "drafters.tar.part00").write_bytes(b"broken")
+    assert script.main(["unpack", "--files", str(out), "--dest", str(lease / "again")]) == 2
+    assert not (lease / "again").exists()
+
+
+def test_run_refuses_a_target_that_is_not_the_cpus(lease):
+    script = _script()
+    _prepare(script, lease)
+    make_target("llama", seed=3).save_pretrained(lease / "other")
+    rc = script.main(["run", "--manifest", str(lease / "gpu" / "manifest.json"), "--target-dir", str(lease / "other"),
+                      "--data", str(lease / "data"), "--runs", "dspark", "--out", str(lease / "OUT"),
+                      "--work", str(lease / "work"), "--device", "cpu"])
+    assert rc == 2
+    assert json.loads((lease / "OUT" / "summary.json").read_text())["phases"]["target"]["fingerprint_ok"] is False
+
+
+def test_smoke_runs_every_preset_on_a_tiny_target(tmp_path):
+    script = _script()
+    out = tmp_path / "OUT"
+    assert script.main(["smoke", "--out", str(out), "--work", str(tmp_path / "smoke"), "--budget", "3",
+                        "--device", "cpu"]) == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert set(summary["runs"]) == {"dspark", "dflash", "dspark-2l"}
+    for run in summary["runs"].values():
+        assert run["worker"]["ok"] and run["worker"]["excluded_heldout_examples"] == 1
+        assert run["packed"].startswith("yes") and run["heldout_tau"]
