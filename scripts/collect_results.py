@@ -11,6 +11,8 @@ from pathlib import Path
 
 from dspark_hf.provenance import atomic_write_text
 
+LEASE = ("bash scripts/gpu_wheels.sh .whl && python scripts/gpu_train_drafters.py prepare --target smollm2-135m-instruct --out .gpu --part-mb 39.5, then the two lease calls in the docstring of scripts/gpu_train_drafters.py (call 2: `PYTHONPATH=/tmp/site:src python3 scripts/gpu_train_drafters.py run --manifest .gpu/manifest.json --parts /tmp/dspark-parts .gpu --runs dspark,dflash,dspark-2l --budget 490 --hard-stop 568 --out $OUT --work /tmp/dspark-work --threads 4`), then python scripts/gpu_train_drafters.py unpack --files <returned files> --dest /work/runs/gpu-drafters")
+
 SECTIONS = [
     ("head_cost/head_cost.md", "Sequential head vs parallel forward (issue: foundation)",
      "dspark-hf bench-head --repeats 30 --candidates 0 64 256 --out results/head_cost"),
@@ -496,6 +498,63 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic "
      "--prompts 2 --max-new-tokens 64 --budgets 4 8 --repeats 2 --threads 1 --prepack --gqa-attention "
      "--label session_flat"),
+    ("training_smollm2_gpu/training.md",
+     "Three drafters trained side by side on one H200 in one GPU lease, 490 s of wall time each (DSpark 1 layer, the "
+     "DFlash baseline, DSpark 2 layers; all 12,620 training examples, batch 32 sequences x 128 anchors, bf16 autocast; "
+     "held-out tau measured on the GPU every 200 steps; issue 14 part 3)",
+     LEASE + " && dspark-hf training-report --run dspark=/work/runs/gpu-drafters/dspark --run "
+     "dflash=/work/runs/gpu-drafters/dflash --run dspark-2l=/work/runs/gpu-drafters/dspark-2l "
+     "--out results/training_smollm2_gpu"),
+    ("heldout_tau/smollm2_gpu.md",
+     "Held-out tau of the GPU-trained drafters vs the release before them, measured here on the CPU (24 held-out "
+     "instruction prompts, every draft verified, no EOS stop)",
+     LEASE + " && OMP_NUM_THREADS=1 python scripts/heldout_tau.py --target smollm2-135m-instruct --drafter "
+     "release=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --drafter gpu-dspark=/work/runs/gpu-drafters/"
+     "dspark --num-prompts 24 --threads 1 --out /work/runs/eval/heldout_a.json (and gpu-dflash, gpu-dspark-2l into "
+     "heldout_b.json, on the other core) && python scripts/heldout_tau.py --merge /work/runs/eval/heldout_a.json "
+     "/work/runs/eval/heldout_b.json --out results/heldout_tau/smollm2_gpu.json"),
+    ("compare_smollm2_gpu_tau/compare.md",
+     "The GPU-trained drafters on the evaluation sets: tau and per-position acceptance (issue 14 goals: macro tau "
+     ">= 3.5; DSpark >= 1.15x the DFlash baseline at equal budget)",
+     LEASE + " && OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct --drafter "
+     "release=results/training_smollm2_bf16/drafter --drafter gpu-dspark=/work/runs/gpu-drafters/dspark --drafter "
+     "gpu-dspark-2l=/work/runs/gpu-drafters/dspark-2l --drafter gpu-dflash=/work/runs/gpu-drafters/dflash --limit 8 "
+     "--max-new-tokens 64 --speed-prompts 0 --prompt-lookup 0 --prepack --gqa-attention "
+     "--out /work/runs/eval/compare_tau && cp -r /work/runs/eval/compare_tau/. results/compare_smollm2_gpu_tau/"),
+    ("calibration_smollm2_gpu_2l/calibration.md",
+     "STS calibration of the GPU-trained 2-layer drafter (fit on half of 96 held-out prompts, measured on the other "
+     "half; today's release)",
+     LEASE + " && OMP_NUM_THREADS=1 dspark-hf calibrate --drafter /work/runs/gpu-drafters/dspark-2l --target "
+     "smollm2-135m-instruct --prompts data/heldout_prompts.jsonl --limit 96 --fit-fraction 0.5 --max-new-tokens 64 "
+     "--batch-size 16 --out /work/runs/gpu-2l-calibrated --report-dir results/calibration_smollm2_gpu_2l && "
+     "dspark-hf release --drafter /work/runs/gpu-2l-calibrated --target smollm2-135m-instruct"),
+    ("compare_smollm2_gpu/compare.md",
+     "Today's release drafter (GPU-trained, 2 layers) vs the CPU-trained release before it, alone and behind n-gram "
+     "lookup drafts, with target-only and transformers' prompt lookup, batch 1, prepacked target with GQA attention, "
+     "the benchmark alone on the machine (issue 14 goals: >= 1.8x, tau >= 3.5, faster than prompt lookup on every set)",
+     "OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct --drafter "
+     "release=results/training_smollm2_bf16/drafter --drafter "
+     "gpu-dspark-2l=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --limit 8 --max-new-tokens 64 "
+     "--speed-prompts 2 --prepack --gqa-attention --lookup release --out results/compare_smollm2_gpu"),
+    ("bench_smollm2_gpu_gsm/bench.md",
+     "Throughput vs concurrency with today's release drafter (GPU-trained), lookup drafts, prepacked linears and GQA "
+     "attention (issue 14 goal: scheduled >= 0.97x max(none, fixed))",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-warm "
+     "--concurrency 1 4 16 --max-new-tokens 48 --repeats 2 --lookup release --prepack --gqa-attention "
+     "--prompt-set gsm_symbolic --out results/bench_smollm2_gpu_gsm"),
+    ("bench_smollm2_gpu_gsm_c64/bench.md",
+     "The same at 64 requests (no `fixed`: 0.5-0.6x of none in every earlier run)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies scheduled scheduled-warm "
+     "--concurrency 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --gqa-attention "
+     "--prompt-set gsm_symbolic --out results/bench_smollm2_gpu_gsm_c64"),
+    ("tree/batch1_gpu_release.md",
+     "Trees vs the chain at batch 1 with today's GPU-trained release drafter (prepacked target, GQA attention, policy "
+     "fixed; issue 13)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic "
+     "--prompts 2 --max-new-tokens 64 --budgets 4 8 --repeats 2 --threads 1 --prepack --gqa-attention "
+     "--label gpu_release"),
     ("decode_only_warm_skip/decode_only_c16.md",
      "Decode only at 16 requests: warm calls whose drafter skips may grow to 128 rounds and run on across calls "
      "(`PolicyMemory()`, the default) vs skips capped at 32 rounds as within one call (`PolicyMemory(max_skip=32)`)",

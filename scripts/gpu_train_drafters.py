@@ -8,18 +8,32 @@ exactly as `dspark-hf` does here (`dspark_hf.testbed.targets`); a fingerprint of
 proves the GPU trains against the very target the CPU decodes with. Held-out prompts travel as token ids (the
 machine needs no tokenizer).
 
-    # 1. here: the GGUF parts, the held-out prompt ids and the target's fingerprint, under .gpu/ (git-ignored)
-    python scripts/gpu_train_drafters.py prepare --target smollm2-135m-instruct --out .gpu --part-mb 44
+    # 1. here: the wheels the machine lacks (scripts/gpu_wheels.sh), the GGUF parts, the held-out prompt ids and the
+    #    target's fingerprint, under .whl/ and .gpu/ (both git-ignored). A lease sends the checkout's tracked files
+    #    too: check them with `git ls-files -z | du -cb --files0-from=-` (call 1 below: tree + 17.7 MB wheels +
+    #    41.4 MB part must stay under 64 MiB; on 2026-12-04 a branch holding only src/ without the release folders,
+    #    this script, data/smollm2-135m-12k and data/smollm2-135m was 6.1 MB).
+    bash scripts/gpu_wheels.sh .whl
+    python scripts/gpu_train_drafters.py prepare --target smollm2-135m-instruct --out .gpu --part-mb 39.5
 
-    # 2. on the GPU machine, call 1 (carry .gpu/target.gguf.part00 and the wheels): keep the first part
+    # 2. the lease, call 1 (carry .whl .gpu/target.gguf.part00 .gpu/manifest.json; 42 s):
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
     mkdir -p /tmp/dspark-parts && cp .gpu/target.gguf.part00 /tmp/dspark-parts/
-    #    call 2, while the machine is still warm (carry .gpu/target.gguf.part01 and .gpu/manifest.json):
-    PYTHONPATH=/tmp/site:src python scripts/gpu_train_drafters.py run --manifest .gpu/manifest.json \
-        --parts /tmp/dspark-parts .gpu --data data/smollm2-135m-12k,data/smollm2-135m \
-        --runs dspark,dflash,dspark-2l --budget 420 --out "$OUT" --work /tmp/dspark-work
+    PYTHONPATH=/tmp/site:src python3 scripts/gpu_train_drafters.py smoke --out $OUT --budget 10
+    #    call 2 at once, while the machine is warm (carry .gpu/target.gguf.part01 .gpu/target.gguf.part02
+    #    .gpu/manifest.json; 506 s):
+    PYTHONPATH=/tmp/site:src python3 scripts/gpu_train_drafters.py run --manifest .gpu/manifest.json \
+        --parts /tmp/dspark-parts .gpu --runs dspark,dflash,dspark-2l --budget 490 --hard-stop 568 \
+        --out "$OUT" --work /tmp/dspark-work --threads 4
+
+    #    Next time also `export USE_HUB_KERNELS=NO` before call 1's and call 2's commands: transformers 5.25's
+    #    from_pretrained may swap layers for kernels from the Hub when the `kernels` package is installed (it needs
+    #    `kernels` installed, or that variable, to load at all). With no network there, the 2026-12-04 run fetched
+    #    none and went through, but nobody checked whether any layer was swapped; with the variable set, the
+    #    `kernels` and `tomlkit` wheels are not needed (checked in an emulation of the machine's image).
 
     # 3. here: reassemble what came back and list it
-    python scripts/gpu_train_drafters.py unpack --files /work/.device/<files_at> --dest /work/runs/gpu-drafters
+    python scripts/gpu_train_drafters.py unpack --files <the folder the files came back to> --dest /work/runs/gpu-drafters
 
 `run`, in order, writing `summary.json` / `summary.md` to `--out` after every phase (a call cut short still returns
 what finished): assemble the GGUF (sha256 checked), convert it to a float32 folder and check the fingerprint, start
@@ -292,7 +306,8 @@ def run(args: argparse.Namespace) -> int:
                   gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
                   torch=torch.__version__, transformers=__import__("transformers").__version__)
     work.mkdir(parents=True, exist_ok=True)
-    target_dir = work / "target"
+    # named like the registered target, so the drafters record it portably (its Hub id, the registry name as alias)
+    target_dir = work / Path(str(manifest.get("target") or "target")).name
     if args.target_dir:
         target_dir = Path(args.target_dir)
     else:

@@ -331,3 +331,15 @@ def bias_markov_head(drafter: DSparkDrafter, std: float = 8.0, seed: int = 0) ->
     with torch.no_grad():
         drafter.markov_head.markov_w2.weight.normal_(0.0, std, generator=torch.Generator().manual_seed(seed))
     return drafter
+
+
+def load_script(name: str):
+    """scripts/<name>.py imported as a module (the repository's tools are not part of the package)."""
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module

@@ -1,21 +1,16 @@
 """scripts/gpu_qwen_coder_1p5b.py end to end on tiny random models on the CPU: the same code a GPU lease runs."""
 
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
 
-from conftest import make_drafter, make_target, make_tokenizer
+from conftest import load_script, make_drafter, make_target, make_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpu_qwen_coder_1p5b", ROOT / "scripts" / "gpu_qwen_coder_1p5b.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_qwen_coder_1p5b")
 
 
 @pytest.fixture

@@ -1,7 +1,6 @@
 """scripts/gpu_train_drafters.py end to end on tiny random models on the CPU: prepare (GGUF parts, held-out prompt
 ids, fingerprint), run (workers side by side under a time budget, export, pack into <= 15 MiB parts) and unpack."""
 
-import importlib.util
 import json
 from dataclasses import asdict
 from pathlib import Path
@@ -9,16 +8,12 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import learnable_examples, make_target, make_tokenizer
+from conftest import load_script, learnable_examples, make_target, make_tokenizer
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _script():
-    spec = importlib.util.spec_from_file_location("gpu_train_drafters", ROOT / "scripts" / "gpu_train_drafters.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("gpu_train_drafters")
 
 
 @pytest.fixture

@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from conftest import batch_oracle, learnable_examples, make_target
+from conftest import load_script, batch_oracle, learnable_examples, make_target
 from dspark_hf.training.config import DSparkTrainingConfig
 from dspark_hf.training.trainer import (DSparkTrainer, build_drafter, build_lr_scheduler, heldout_prompt_ids,
                                         heldout_tau, init_layers_from_target)
@@ -136,14 +136,7 @@ def test_training_logs_heldout_tau_and_keeps_training_time_across_a_resume(tmp_p
 
 
 def _script(name: str):
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script(name)
 
 
 def test_heldout_tau_script_merges_separate_measurements_and_refuses_mismatched_settings(tmp_path):
