@@ -94,6 +94,7 @@ def _atomic_write(path: Path, text: str) -> None:
 def tensor_fingerprint(folder: Path) -> str:
     """sha256 over every tensor of `folder/*.safetensors` (name, dtype, shape and bytes, in name order): equal
     fingerprints mean bit-identical weights, whatever the file layout."""
+    import torch
     from safetensors import safe_open
 
     digest = hashlib.sha256()
@@ -108,7 +109,7 @@ def tensor_fingerprint(folder: Path) -> str:
         with safe_open(str(path), "pt") as handle:
             t = handle.get_tensor(key).contiguous()
         digest.update(f"{key}|{t.dtype}|{tuple(t.shape)}|".encode())
-        digest.update(t.view(-1).view(__import__("torch").uint8).numpy().tobytes())
+        digest.update(t.view(-1).view(torch.uint8).numpy().tobytes())
     return digest.hexdigest()
 
 

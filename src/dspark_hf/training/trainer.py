@@ -49,8 +49,8 @@ from ..models.modeling_dspark import DSparkDrafter
 from ..provenance import atomic_write_json, atomic_write_text, cpu_has_native_bf16, provenance
 from .config import DSparkTrainingConfig
 
-__all__ = ["DSparkTrainer", "build_drafter", "build_lr_scheduler", "wsd_decay_start", "heldout_prompt_ids", "heldout_tau",
-           "init_layers_from_target", "is_heldout", "split_examples", "subset_examples", "train_from_config",
+__all__ = ["DSparkTrainer", "build_drafter", "build_lr_scheduler", "heldout_prompt_ids", "heldout_tau",
+           "init_layers_from_target", "wsd_decay_start", "is_heldout", "split_examples", "subset_examples", "train_from_config",
            "trainer_from_config", "read_trainer_state", "write_trainer_state", "STATE_FORMAT", "STATE_VERSION"]
 
 logger = logging.get_logger(__name__)
@@ -312,9 +312,10 @@ def _decoder_layers(target) -> Sequence[torch.nn.Module]:
     return layers
 
 
-def wsd_decay_start(config: DSparkTrainingConfig) -> int:
-    """The step at which a wsd schedule over `config.max_steps` starts decaying."""
-    return config.max_steps - max(1, round(config.decay_fraction * config.max_steps))
+def wsd_decay_start(config: DSparkTrainingConfig, max_steps: int | None = None) -> int:
+    """The step at which a wsd schedule over `max_steps` (default `config.max_steps`) starts decaying."""
+    total = config.max_steps if max_steps is None else max_steps
+    return total - max(1, round(config.decay_fraction * total))
 
 
 def build_lr_scheduler(optimizer: torch.optim.Optimizer, config: DSparkTrainingConfig, last_step: int = 0):
@@ -689,7 +690,7 @@ class DSparkTrainer:
         budget = float(cfg.time_budget_seconds)
         if elapsed > 1.1 * budget and self.step < end:
             logger.warning(f"time budget {budget:.0f} s overrun ({elapsed:.0f} s): ending at step {self.step}")
-            self.config.stop_at_step = self.step
+            self.config = replace(cfg, stop_at_step=self.step)
             return self.step
         decaying = cfg.lr_schedule == "wsd" and self.step >= wsd_decay_start(cfg)
         if decaying or self.step < self._next_replan:
@@ -699,7 +700,7 @@ class DSparkTrainer:
         remaining = budget - elapsed - self._last_eval_seconds - self._last_save_seconds
         planned = self.step + max(1, int(remaining / pace))
         if cfg.lr_schedule == "wsd":  # the decay must still be ahead: at least one stable step left
-            while wsd_decay_start(replace(cfg, max_steps=planned)) <= self.step:
+            while wsd_decay_start(cfg, planned) <= self.step:
                 planned += 1
         planned = min(planned, self._step_limit)
         self._next_replan = self.step + max(3, min(50, (planned - self.step) // 20))
