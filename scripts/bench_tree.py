@@ -99,10 +99,14 @@ def prepare(args, target, drafter, batch: int, budgets: list[int]) -> None:
     """Outside the timed calls: the SPS table for the widest verification forward (priced policies) and one short
     warm-up call per method (first-call allocations, lazily built draft-head rows)."""
     width = 1 + drafter.config.block_size + max(budgets, default=0)
+    if args.lookup_table is not None:  # a lookup branch: up to block_size more nodes
+        width += drafter.config.block_size
     if args.policy in ("scheduled", "async") or args.part == "load":
         args.sps_cache.table(target, batch * width)
     ids = torch.ones(1, 8, dtype=torch.long)
     for kwargs in ({"speculate": False}, {}, *({"tree_budget": b} for b in budgets)):
+        if args.lookup_table is not None and kwargs.get("speculate") is not False:
+            kwargs = {**kwargs, "lookup": args.lookup_table}
         dspark_hf.generate(target, None if kwargs.get("speculate") is False else drafter, ids, max_new_tokens=4,
                            do_sample=False, policy="fixed", **kwargs)
 
@@ -149,6 +153,8 @@ def run_batch1(args) -> dict:
                     kwargs = method_kwargs(method)
                     extra = {} if method == "target" else {"policy": args.policy, "sps": args.sps_cache,
                                                           "tree_max_children": args.max_children}
+                    if args.lookup_table is not None and method != "target":
+                        extra["lookup"] = args.lookup_table  # chain: merged drafts; trees: a lookup branch
                     if no_eos is not None:
                         extra["eos_token_id"] = no_eos
                     start = time.perf_counter()
@@ -193,7 +199,7 @@ def run_batch1(args) -> dict:
     return {"part": "batch1", "target": TARGET, "drafter": "release", "policy": args.policy,
             "max_new_tokens": args.max_new_tokens, "prompts_per_set": args.prompts, "repeats": args.repeats,
             "max_children": args.max_children, "sets": list(sets), "rows": rows, "macro": macro,
-            "prepacked": args.prepack, "gqa_attention": args.gqa_attention}
+            "prepacked": args.prepack, "gqa_attention": args.gqa_attention, "lookup": args.lookup}
 
 
 def batch1_markdown(data: dict) -> str:
@@ -201,7 +207,10 @@ def batch1_markdown(data: dict) -> str:
              f"{data['repeats']} repeat(s), policy `{data['policy']}`, at most {data['max_children']} children per "
              f"node; tau counts the bonus token." + (" Target with prepacked linears (every method)."
                                                      if data.get("prepacked") else "")
-             + (" GQA attention without copies (every method)." if data.get("gqa_attention") else ""), "",
+             + (" GQA attention without copies (every method)." if data.get("gqa_attention") else "")
+             + (f" Lookup table `{data['lookup']}` in every speculative method: `chain` merges its drafts into the "
+                "chain (the release configuration's rule), `tree<N>` (`tree0` included) verifies its continuation as "
+                "a branch of the tree." if data.get("lookup") else ""), "",
              "| set | method | tau | tau / chain | tokens/s | speed / chain | speed-up vs target | = target greedy |",
              "|---|---|---|---|---|---|---|---|"]
     for r in data["rows"] + data["macro"]:
@@ -251,7 +260,8 @@ def run_load(args) -> dict:
     items = load_prompt_set("mt_bench")
     pool = [encode(tokenizer, it.messages, args.max_prompt_len) for it in items]
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    methods = ["chain", f"tree{args.budget}"]
+    # (with --max-nodes, its first width caps the tree's verified nodes)
+    methods = ["chain", f"tree{args.budget}" + (f"/{args.max_nodes[0]}" if args.max_nodes else "")]
     prefill = PrefillTimer(target)
     prepare(args, target, drafter, max(args.concurrency), [args.budget])
     no_eos = target.config.vocab_size + 1 if args.no_eos else None
@@ -272,6 +282,7 @@ def run_load(args) -> dict:
                                          do_sample=False, policy="scheduled", sps=args.sps_cache,
                                          tree_max_children=args.max_children, return_dict_in_generate=True,
                                          **({} if no_eos is None else {"eos_token_id": no_eos}),
+                                         **({} if args.lookup_table is None else {"lookup": args.lookup_table}),
                                          **method_kwargs(method))
                 seconds = time.perf_counter() - start
                 per[method].append(int(out.num_generated.sum()) / seconds)
@@ -291,7 +302,8 @@ def run_load(args) -> dict:
                      "chain_runs": per["chain"], "tree_runs": per[methods[1]],
                      "chain_decode_runs": decode["chain"], "tree_decode_runs": decode[methods[1]],
                      "chain_work": work["chain"], "tree_work": work[methods[1]]})
-    return {"part": "load", "target": TARGET, "drafter": "release", "budget": args.budget,
+    return {"part": "load", "target": TARGET, "drafter": "release", "budget": args.budget, "lookup": args.lookup,
+            "max_nodes": args.max_nodes[0] if args.max_nodes else None,
             "max_children": args.max_children, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
             "rows": rows}
 
@@ -299,7 +311,9 @@ def run_load(args) -> dict:
 def load_markdown(data: dict) -> str:
     lines = [f"Policy `scheduled`, greedy, {data['max_new_tokens']} new tokens per row, trees of {data['budget']} "
              f"extra nodes (at most {data['max_children']} children per node), median of {data['repeats']} "
-             f"repeat(s).", "",
+             f"repeat(s)." + (f" Lookup table `{data['lookup']}`: the chain merges its drafts, the tree verifies its "
+                               "continuation as a branch." if data.get("lookup") else "")
+             + (f" Tree width capped at {data['max_nodes']} nodes." if data.get("max_nodes") else ""), "",
              "| concurrency | chain tokens/s | tree tokens/s | tree / chain | chain decoding tokens/s | "
              "tree decoding tokens/s | decoding tree / chain |", "|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
@@ -357,7 +371,15 @@ def main(argv: list[str] | None = None) -> dict:
                         help="prepacked CPU linears for the target (every method, plain decoding included)")
     parser.add_argument("--gqa-attention", action="store_true",
                         help="grouped-query attention without repeat_kv copies for the target (every method)")
+    parser.add_argument("--lookup", default=None,
+                        help="an n-gram lookup table for every speculative method ('release' = the shipped one): "
+                             "the chain merges its drafts (lookup.merge_lookup_drafts), trees (budget 0 included) "
+                             "take its continuation as a branch (tree.lookup_branches); greedy only")
     args = parser.parse_args(argv)
+    args.lookup_table = None
+    if args.lookup is not None:
+        from dspark_hf.testbed.release import resolve_lookup
+        args.lookup_table = resolve_lookup(args.lookup, TARGET)
     if args.threads:
         torch.set_num_threads(args.threads)
     args.sps_cache = dspark_hf.SPSCache()

@@ -583,6 +583,30 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter results/training_smollm2_bf16/drafter "
      "--policies scheduled scheduled-warm --concurrency 64 --max-new-tokens 48 --repeats 3 --lookup release --prepack "
      "--gqa-attention --prompt-set gsm_symbolic --out results/bench_smollm2_warm_c64_r3"),
+    ("tree/batch1_lookup_branches.md",
+     "Lookup branches: the n-gram lookup's continuation verified as a branch of the drafter's tree, against the chain "
+     "loop's lookup merge, batch 1, policy fixed (issues 13 and 14)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 aime gsm_symbolic "
+     "--prompts 2 --max-new-tokens 64 --budgets 0 4 --max-nodes 8 --repeats 2 --threads 1 --prepack --gqa-attention "
+     "--lookup release --label lookup_branches"),
+    ("tree/batch1_lookup_branches_widths.md",
+     "Lookup branches at verification widths 6, 8, 10 and 12 (`chain/W` is the lookup branch capped at W nodes, "
+     "`tree4/W` adds 4 drafter alternatives)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 aime gsm_symbolic "
+     "--prompts 2 --max-new-tokens 64 --budgets 4 --max-nodes 6 8 10 12 --repeats 2 --threads 1 --prepack "
+     "--gqa-attention --lookup release --label lookup_branches_widths"),
+    ("tree/load_lookup_branches.md",
+     "Lookup branches under load: chain with the lookup merge vs the lookup branch capped at 8 nodes, scheduled policy",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 0 --max-nodes 8 "
+     "--max-new-tokens 32 --repeats 3 --prepack --gqa-attention --max-prompt-len 256 --threads 1 --lookup release "
+     "--label lookup_branches"),
+    ("compare_smollm2_branches/compare.md",
+     "Release drafter with lookup branches beside target-only, prompt lookup and the release configuration, batch 1 "
+     "(issue 14)",
+     "OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct --drafter "
+     "release=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --limit 8 --max-new-tokens 64 "
+     "--speed-prompts 2 --prepack --gqa-attention --lookup release --lookup-branches 8 "
+     "--out results/compare_smollm2_branches"),
 ]
 
 

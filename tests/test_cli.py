@@ -209,6 +209,7 @@ def test_bad_arguments_are_usage_errors_before_anything_loads(capsys, tmp_path):
     cases = [
         (["compare", "--target", missing, "--drafter", "a=" + missing, "--stock", "nocolon"], "--stock takes"),
         (["compare", "--target", missing, "--drafter", "nolabel"], "--drafter takes LABEL=FOLDER"),
+        (["compare", "--target", missing, "--lookup-branches", "8"], "--lookup-branches takes a node count"),
         (["training-report", "--run", "nolabel"], "--run takes LABEL=FOLDER"),
         (["calibrate", "--drafter", missing, "--target", missing, "--prompts", missing, "--fit-fraction", "0"],
          "--fit-fraction must be in (0, 1]"),

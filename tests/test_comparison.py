@@ -256,12 +256,12 @@ def test_compare_times_lookup_drafts_alone_and_before_a_drafter_on_a_prepacked_g
     comp = compare("t", {"dspark": str(tmp_path / "dspark")}, ["humaneval"], limit=1, max_new_tokens=12,
                    batch_size=1, speed_prompts=1, prompt_lookup=0, preloaded={"t": (target, tok)}, progress=False,
                    prompt_sets={"humaneval": items}, lookup=str(tmp_path / "lookup.safetensors"), prepack=prepack,
-                   gqa_attention=True)
-    assert comp.methods == ["target-only", "dspark", "lookup", "dspark+lookup"]
-    assert comp.drafters == ["dspark", "lookup", "dspark+lookup"]
+                   gqa_attention=True, lookup_branches=6)
+    assert comp.methods == ["target-only", "dspark", "lookup", "dspark+lookup", "dspark+branches"]
+    assert comp.drafters == ["dspark", "lookup", "dspark+lookup", "dspark+branches"]
     assert any(isinstance(m, PrepackedLinear) for m in target.modules()) == prepack
     assert target.config._attn_implementation == "sdpa_gqa"
-    for method in ("lookup", "dspark+lookup"):
+    for method in ("lookup", "dspark+lookup", "dspark+branches"):
         r = comp.get(method, "humaneval")
         assert r.speed["identical"] is True
         # the memorised answer: lookup drafts are accepted, so fewer target forwards than tokens
@@ -269,3 +269,6 @@ def test_compare_times_lookup_drafts_alone_and_before_a_drafter_on_a_prepacked_g
     with pytest.raises(ValueError, match="method names"):
         compare("t", {"lookup": str(tmp_path / "dspark")}, ["humaneval"], preloaded={"t": (target, tok)},
                 progress=False, lookup=str(tmp_path / "lookup.safetensors"))
+    with pytest.raises(ValueError, match="lookup_branches must be a node count >= 1 and needs lookup"):
+        compare("t", {"dspark": str(tmp_path / "dspark")}, ["humaneval"], preloaded={"t": (target, tok)},
+                progress=False, lookup_branches=8)

@@ -369,8 +369,9 @@ def test_batched_greedy_with_lookup_equals_each_rows_greedy_and_needs_fewer_roun
         assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 24), (policy, row)
     for row in (0, 1):  # the memorised rows: lookup drafts accepted, fewer rounds than the untrained drafter alone
         assert out.stats[row].rounds < plain.stats[row].rounds, (policy, row)
-    with pytest.raises(ValueError, match="chains only"):
-        dspark_hf.generate(target, drafter, ids, mask, lookup=lookup, tree_budget=2, max_new_tokens=4)
+    with pytest.raises(ValueError, match="greedy decoding only"):  # lookup branches: greedy only
+        dspark_hf.generate(target, drafter, ids, mask, lookup=lookup, tree_budget=2, max_new_tokens=4,
+                           do_sample=True)
     foreign = NgramLookup.build(_all([[5, 500, 7]] * 2), max_order=2, heldout_share=0.0)  # ids past the vocabulary
     with pytest.raises(ValueError, match="another model"):
         dspark_hf.generate(target, drafter, ids, mask, lookup=foreign, max_new_tokens=4)
@@ -623,3 +624,76 @@ def test_assist_options_choose_lengths_and_refuse_bad_values():
     assert jagged.drafter_length(torch.tensor([0.5, 0.9, 0.89, 0.875]), exhaustive=True) == 4
     assert AssistOptions(min_survival=0.42).lookup_length(survival) == 2
     assert jagged.lookup_length([]) == 0
+
+
+# ------------------------------------------------------------------------------------------------ lookup branches
+def _chain_tree(tokens, survival):
+    from dspark_hf.decoding.tree import DraftTree
+
+    k = len(tokens)
+    arange = torch.arange(k)[None]
+    return DraftTree(tokens=torch.tensor([tokens]), parents=arange - 1, depths=arange + 1,
+                     valid=torch.ones(1, k, dtype=torch.bool), survival=torch.tensor([survival]), node_ids=arange,
+                     num_chain=k, vocab_size=50)
+
+
+def _proposal(tokens, acceptance):
+    from dspark_hf.models.lookup import LookupProposal
+
+    return LookupProposal(list(tokens), list(acceptance), ["corpus"] * len(tokens))
+
+
+def test_lookup_branches_merge_the_proposal_like_a_trie():
+    from dspark_hf.decoding.tree import lookup_branches
+
+    chain = _chain_tree([3, 4, 5], [0.9, 0.5, 0.2])
+    # the lookup agrees on two drafts (those nodes are reused, their survival raised), then leaves the chain
+    tree = lookup_branches(chain, [_proposal([3, 4, 7, 8], [0.95, 0.9, 0.8, 0.5])])
+    assert tree.tokens.tolist() == [[3, 4, 5, 7, 8]]
+    assert tree.parents.tolist() == [[-1, 0, 1, 1, 3]]
+    assert tree.depths.tolist() == [[1, 2, 3, 3, 4]]
+    assert tree.valid.all() and tree.num_chain == 3
+    expected = [0.95, 0.95 * 0.9, 0.2, 0.95 * 0.9 * 0.8, 0.95 * 0.9 * 0.8 * 0.5]
+    assert torch.allclose(tree.survival, torch.tensor([expected]))
+    parent_survival = torch.where(tree.parents >= 0, tree.survival.gather(1, tree.parents.clamp(min=0)),
+                                  torch.ones_like(tree.survival))
+    assert bool((tree.survival <= parent_survival + 1e-7).all())  # a cap / schedule keeps a tree
+    # a lookup that disagrees at once is a second child of the anchor; rows without a proposal keep their tree
+    two = _chain_tree([3, 4, 5], [0.9, 0.5, 0.2])
+    two = two._replace(tokens=two.tokens.repeat(2, 1), parents=two.parents.repeat(2, 1),
+                       depths=two.depths.repeat(2, 1), valid=two.valid.repeat(2, 1),
+                       survival=two.survival.repeat(2, 1), node_ids=two.node_ids.repeat(2, 1))
+    tree = lookup_branches(two, [_proposal([9, 3], [0.6, 0.5]), _proposal([], [])])
+    assert tree.tokens[0, 3:].tolist() == [9, 3] and tree.parents[0, 3:].tolist() == [-1, 3]
+    assert tree.valid[1].tolist() == [True, True, True, False, False]
+    assert lookup_branches(chain, [_proposal([], [])]) is chain  # nothing to merge
+    with pytest.raises(ValueError, match="2 lookup proposals for a tree of 1 rows"):
+        lookup_branches(chain, [_proposal([1], [0.5])] * 2)
+
+
+@pytest.mark.parametrize("policy, budget, cap", [("fixed", 0, None), ("fixed", 0, 4), ("scheduled", 0, None),
+                                                 ("threshold", 2, 5), ("async", 2, None)])
+def test_greedy_with_lookup_branches_equals_each_rows_greedy_and_leaves_the_chain(policy, budget, cap):
+    """An untrained drafter (its chain breaks at once) next to a lookup that memorised two rows: with the lookup's
+    continuation verified as a branch, the accepted paths leave the chain, the rows need fewer rounds than the
+    drafter alone, and every row's output is still its own greedy output (batch 1 too)."""
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=4)
+    lookup = _lookup_from_target(target, PROMPTS[:2], n=24, noise_seed=3)
+    ids, mask = left_pad(PROMPTS)
+    kw = dict(max_new_tokens=24, policy=policy, sps=sps_curve, threshold=0.05, return_dict_in_generate=True)
+    plain = dspark_hf.generate(target, drafter, ids, mask, **kw)
+    out = dspark_hf.generate(target, drafter, ids, mask, lookup=lookup, tree_budget=budget, tree_max_nodes=cap,
+                             record_rounds=True, **kw)
+    for row, prompt in enumerate(PROMPTS):
+        assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 24), (policy, row)
+    for row in (0, 1):
+        assert out.stats[row].rounds < plain.stats[row].rounds, (policy, row)
+    # accepted paths longer than their chain part: the path left the chain (for the lookup's nodes)
+    left_chain = sum(int((r.tree_accepted > r.accepted).sum()) for r in out.rounds if r.tree_accepted is not None)
+    assert left_chain > 0
+    if cap is not None:
+        assert max(int(r.tree_verified.max()) for r in out.rounds if r.tree_verified is not None) <= cap
+    one = dspark_hf.generate(target, drafter, torch.tensor([PROMPTS[1]]), lookup=lookup, tree_budget=budget,
+                             tree_max_nodes=cap, **kw)
+    assert one.sequences[0, len(PROMPTS[1]):].tolist() == greedy_reference(target, PROMPTS[1], 24)

@@ -251,6 +251,10 @@ def _compare(argv: list[str]) -> None:
     parser.add_argument("--lookup", metavar="FILE|release",
                         help="also time n-gram lookup drafts (`dspark-hf lookup`; `release`: the target's shipped "
                              "table): alone and before each drafter's drafts")
+    parser.add_argument("--lookup-branches", type=int, metavar="W",
+                        help="with --lookup, also time each drafter with the lookup's continuation verified as a "
+                             "branch of its chain (`<label>+branches`: the batched loop at batch 1, tree_budget=0, "
+                             "at most W nodes per round)")
     parser.add_argument("--prepack", action="store_true",
                         help="run every method (target-only included) on the target with prepacked CPU linears")
     parser.add_argument("--gqa-attention", action="store_true",
@@ -259,6 +263,8 @@ def _compare(argv: list[str]) -> None:
     parser.add_argument("--out", default="outputs/compare")
     args = parser.parse_args(argv)
     drafters = labeled_folders(parser, "--drafter", args.drafter)
+    if args.lookup_branches is not None and (not args.lookup or args.lookup_branches < 1):
+        parser.error("--lookup-branches takes a node count >= 1 and needs --lookup")
     from .evaluation.compare import parse_stock_pair, run_comparison
 
     stock = None
@@ -275,7 +281,7 @@ def _compare(argv: list[str]) -> None:
                          stock_prompts=args.stock_prompts, prompt_lookup=args.prompt_lookup,
                          max_matching_ngram_size=args.max_matching_ngram_size, assistant=args.assistant,
                          dtype=args.dtype, device=args.device, lookup=args.lookup, prepack=args.prepack,
-                         gqa_attention=args.gqa_attention)
+                         gqa_attention=args.gqa_attention, lookup_branches=args.lookup_branches)
     print((out / "compare.md").read_text())
 
 

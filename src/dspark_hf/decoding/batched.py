@@ -39,7 +39,10 @@ to accept more; the rounds the idle backoff takes from the drafter draft from th
 no drafter forward, a fraction of a millisecond per row from the row's incremental `LookupContext`,
 `lookup_rounds=True`), and a drafting round counts as paying only if it beats the lookup-only round it replaced, so
 under load a drafter that adds nothing next to the lookup stops costing its forward while the lookup's drafts keep
-being verified where they pay.
+being verified where they pay. With `tree_budget=` as well (greedy only), the lookup's continuation is not a
+competitor but a branch: `tree.lookup_branches` merges it into each row's tree like a trie, one forward verifies the
+drafter's nodes and the lookup's together, and the round accepts whichever path the target's argmax follows
+(`tree_max_nodes` keeps the most likely nodes of both sources within a width).
 
 Expected pay is checked against measured pay: `RealizedGain` times every plain round and every verifying round
 (drafting, tree growth, bookkeeping and the wider forward included) and weighs the tokens each verifying round emitted
@@ -101,7 +104,7 @@ from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthCloc
                           RowStats, target_layer_ids)
 from .scheduler import POLICIES, cap_tree, sps_values
 from .sps import RowScaledCost, SPSTable, profile_sps, target_fingerprint
-from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, plans_growth
+from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, lookup_branches, plans_growth
 from .tree_attention import check_tree_attention, verification_inputs
 from .tree_verification import tree_verify
 from .verification import SamplingParams, verify
@@ -498,7 +501,9 @@ def generate(
         lookup: an `NgramLookup`: every drafting round, each row's drafts are replaced by the lookup's n-gram
             continuation of its sequence where that is expected to accept more (`lookup.merge_lookup_drafts`: a rule
             that never reads a sampled draft, point-mass draft distributions, calibrated estimates as confidences),
-            then the policy picks lengths as usual. Chains only (not with `tree_budget`).
+            then the policy picks lengths as usual. With `tree_budget` (greedy only) the lookup's continuation is
+            instead merged into each row's tree as a branch (`tree.lookup_branches`): one forward verifies both
+            sources and the round accepts whichever matches longer; `tree_max_nodes` keeps the width in check.
         lookup_rounds: with `lookup` and the idle backoff: the rounds the backoff takes from the drafter draft from the
             lookup alone (`lookup.lookup_block`: no drafter forward, about half a millisecond per row), priced without
             the drafter's measured time, so that lookup drafts keep paying where the drafter does not. Such rounds have
@@ -551,8 +556,10 @@ def generate(
     sampling = settings.sampling()
     block_size = drafter.config.block_size if speculate else 0
     spec = None
-    if lookup is not None and tree_budget is not None:
-        raise ValueError("lookup drafts run with chains only: pass tree_budget=None or lookup=None")
+    if lookup is not None and tree_budget is not None and sampling.do_sample:
+        raise ValueError("lookup branches in a tree (lookup= with tree_budget=) are for greedy decoding only: which "
+                         "nodes exist depends on the sampled drafts; pass tree_budget=None (lookup drafts in the "
+                         "chain) or do_sample=False")
     if lookup is not None:
         lookup.check_vocab(int(target.get_output_embeddings().weight.shape[0]))
     if tree_max_nodes is not None and (tree_budget is None or isinstance(tree_max_nodes, bool)
@@ -562,7 +569,9 @@ def generate(
     if tree_budget is not None and speculate:
         spec = TreeSpec(budget=tree_budget, max_children=tree_max_children)
         attention = check_tree_attention(target, probe=True)
-    width_max = 1 + block_size + (spec.budget if spec is not None else 0)  # tokens per row of a verification forward
+    branches = spec is not None and lookup is not None  # the lookup's continuation merged into each tree
+    # tokens per row of a verification forward (lookup branches: up to block_size more nodes)
+    width_max = 1 + block_size + (spec.budget if spec is not None else 0) + (block_size if branches else 0)
     ragged = is_prepacked(target)
     if ragged_verification and not ragged:
         raise ValueError("ragged_verification=True needs a target whose linears are prepacked "
@@ -717,6 +726,11 @@ def generate(
                                          sampling=sampling, generator=generator)
                 one_time = rows.pop_one_time_seconds()
                 draft_seconds = time.perf_counter() - draft_start - one_time
+            if branches:  # the lookup's continuation as a branch (a round that grew nothing: of the chain)
+                branch_start = time.perf_counter()
+                base = drafted if drafted is not None else DraftTree.from_block(drafting.chain)
+                drafted = lookup_branches(base, lookup_proposals(block_size))
+                draft_seconds += time.perf_counter() - branch_start
             if drafted is None:  # the chain's round, verified exactly as tree_budget=None verifies it (no tree mask)
                 block = drafting.chain
                 chain = DraftTree.from_block(block)
@@ -735,7 +749,7 @@ def generate(
                 if tree_max_nodes is not None:  # the most likely nodes within the width
                     admitted = _cap_nodes(drafted, admitted, tree_max_nodes)
                 steps = drafting.steps if drafting is not None else 0
-                kind = "tree" if round_spec.budget > 0 else "drafter"
+                kind = "tree" if round_spec.budget > 0 or branches else "drafter"
                 if backoff.enabled:  # (trees that verified at a loss: see RealizedGain; chain rounds judge "drafter")
                     backoff.observe(choose.tree_pays(drafted, admitted, growth_steps=steps),
                                     min_skip=choose.probe_skip(len(rows)), proven=realized.pays(kind))

@@ -44,6 +44,10 @@ grown and the round is the chain's. The plan is a prefix rule over the same orde
 keeps the non-anticipation above: the decision to grow n reads only what ranks before n, and the nodes that exist
 when n is decided were themselves decided by what ranked before them (`scheduler` module docstring).
 
+**Lookup branches** (`lookup_branches`, `batched.generate(lookup=..., tree_budget=...)`, greedy only): an n-gram
+lookup's continuation of the sequence is merged into the drafted tree as a branch, so one forward checks both sources
+and a round accepts the longer match instead of betting on one source before verification.
+
 The target forward over a tree (4-D mask, per-node positions) and the target check live in `tree_attention`; the
 verification math in `tree_verification`.
 
@@ -57,7 +61,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import torch
 
@@ -65,7 +69,8 @@ from ..models.drafting import DraftBlock, DSparkContextCache, valid_first_order
 from ..models.modeling_dspark import DSparkDrafter
 from .verification import SamplingParams
 
-__all__ = ["DraftTree", "GrowthPlan", "TreeDrafting", "TreeSpec", "draft_tree", "draft_tree_for", "plans_growth"]
+__all__ = ["DraftTree", "GrowthPlan", "TreeDrafting", "TreeSpec", "draft_tree", "draft_tree_for", "lookup_branches",
+           "plans_growth"]
 
 
 @dataclass(frozen=True)
@@ -250,6 +255,80 @@ class DraftTree:
             up = seen.gather(1, self.parents.clamp(min=0)[:, :, None].expand(b, n, n))  # the parent's row
             seen = eye | (up & (self.parents >= 0)[:, :, None] & self.valid[:, :, None])
         return seen
+
+
+# ---------------------------------------------------------------------------------------------- lookup branches
+def lookup_branches(tree: DraftTree, proposals: Sequence[Any]) -> DraftTree:
+    """`tree` with each row's n-gram lookup continuation merged in as a branch (greedy decoding only).
+
+    The lookup's drafts (`models.lookup.LookupProposal`: tokens and calibrated prefix-survival estimates) are walked
+    from the anchor like a trie: while a lookup draft equals an existing child of the current node (the chain's node
+    at that depth, say), that node is reused and its survival becomes the larger of the two estimates; from the first
+    draft that differs, the rest of the proposal becomes new nodes, appended after the tree's own (parent index below
+    child index), each with the lookup's prefix survival. One target forward then checks the drafter's chain, its
+    alternatives and the lookup's continuation together, and greedy verification follows whichever path the target's
+    argmax takes: a round accepts the longer of the lookup's and the drafter's matches instead of betting on one
+    source before verification (`lookup.merge_lookup_drafts`, the chain loop's rule).
+
+    Survival still never increases from parent to child (a raised node's parent on the lookup path is raised to at
+    least the lookup's estimate one step earlier, which is no smaller), so `scheduler.cap_tree` and the priced
+    policies keep a tree per row.
+
+    Greedy only: which nodes exist depends on the drafted tokens (a lookup draft equal to a sampled chain draft is
+    merged into it), which sampled verification's non-anticipation rule forbids; `batched.generate` refuses lookup
+    branches with sampling. The new nodes carry no draft distribution (greedy verification compares tokens only).
+
+    Args:
+        tree: the round's drafted tree (`DraftTree.from_block` for a chain).
+        proposals: one per row, each with `tokens` (target ids) and `survival` (prefix survival per draft).
+    Returns:
+        a `DraftTree` with up to `max(len(p.tokens))` more node slots per row (`num_chain` unchanged); `tree` itself
+        when no row has a proposal.
+    """
+    b, n = tree.tokens.shape
+    if len(proposals) != b:
+        raise ValueError(f"{len(proposals)} lookup proposals for a tree of {b} rows")
+    extra = max((len(p.tokens) for p in proposals), default=0)
+    if extra == 0:
+        return tree
+    device = tree.tokens.device
+    width = n + extra
+    tokens = torch.zeros(b, width, dtype=torch.long)
+    parents = torch.full((b, width), -1, dtype=torch.long)
+    depths = torch.ones(b, width, dtype=torch.long)
+    valid = torch.zeros(b, width, dtype=torch.bool)
+    survival = torch.zeros(b, width)
+    tokens[:, :n], parents[:, :n], depths[:, :n] = tree.tokens.cpu(), tree.parents.cpu(), tree.depths.cpu()
+    valid[:, :n] = tree.valid.cpu()
+    if tree.survival is not None:
+        survival[:, :n] = tree.survival.detach().float().cpu()
+    tok_l, par_l, dep_l, val_l, sur_l = (tokens.tolist(), parents.tolist(), depths.tolist(), valid.tolist(),
+                                         survival.tolist())
+    used = n  # node slots any row uses (the rest are cut)
+    for r, proposal in enumerate(proposals):
+        if not proposal.tokens:
+            continue
+        children = {}  # (parent, token) -> node, the row's existing nodes (the first of equal siblings)
+        for i in range(n):
+            if val_l[r][i]:
+                children.setdefault((par_l[r][i], tok_l[r][i]), i)
+        parent, free = -1, n
+        for depth, (token, estimate) in enumerate(zip(proposal.tokens, proposal.survival), start=1):
+            node = children.get((parent, int(token)))
+            if node is None:  # the lookup leaves the tree here: a new node
+                node, free = free, free + 1
+                tok_l[r][node], par_l[r][node], dep_l[r][node] = int(token), parent, depth
+                val_l[r][node], sur_l[r][node] = True, float(estimate)
+            else:
+                sur_l[r][node] = max(sur_l[r][node], float(estimate))
+            parent = node
+        used = max(used, free)
+    cut = lambda rows: torch.tensor([row[:used] for row in rows], device=device)  # noqa: E731
+    node_ids = torch.arange(used, device=device).expand(b, used)
+    return DraftTree(tokens=cut(tok_l), parents=cut(par_l), depths=cut(dep_l), valid=cut(val_l),
+                     survival=cut(sur_l).float(), node_ids=node_ids,
+                     num_chain=tree.num_chain, vocab_size=tree.vocab_size, confidences=tree.confidences,
+                     confidence_logits=tree.confidence_logits)
 
 
 # ---------------------------------------------------------------------------------------------- drafting

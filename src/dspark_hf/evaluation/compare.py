@@ -41,7 +41,7 @@ import torch
 from transformers.utils import logging
 
 from ..provenance import atomic_write_json, atomic_write_text, provenance
-from .side_by_side import (assisted_runner, count_forwards, forward_counted_tau, greedy_runner, prompt_lookup_runner,
+from .side_by_side import (assisted_runner, batched_runner, count_forwards, forward_counted_tau, greedy_runner, prompt_lookup_runner,
                            time_methods, time_side_by_side)
 
 __all__ = [
@@ -118,7 +118,8 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
             dtype: torch.dtype = torch.float32, device: str | torch.device | None = None,
             prompt_sets: Mapping[str, Sequence] | None = None, warmup: bool = True,
             preloaded: Mapping[str, tuple[Any, Any]] | None = None, progress: bool = True,
-            lookup: str | None = None, prepack: bool = False, gqa_attention: bool = False) -> Comparison:
+            lookup: str | None = None, prepack: bool = False, gqa_attention: bool = False,
+            lookup_branches: int | None = None) -> Comparison:
     """Runs every method on every prompt set (see the module docstring).
 
     Args:
@@ -142,6 +143,9 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
         lookup: an `NgramLookup` file, or "release" for the target's shipped table: adds the methods `lookup`
             (`LookupAssistant`, no drafter) and `<label>+lookup` per drafter (`set_assist(lookup, sps=...)`), both
             with round lengths from the target's batch-1 cost curve, profiled here (tau counted at batch 1).
+        lookup_branches: with `lookup`, also the method `<label>+branches` per drafter: `dspark_hf.generate` at batch
+            1 with the lookup's continuation verified as a branch of the drafter's chain (`tree_budget=0`,
+            `tree.lookup_branches`), at most this many nodes per round (`tree_max_nodes`), policy "fixed".
         prepack: `prepack_linears(target)` (CPU): every method, target-only included, runs on the prepacked target.
         gqa_attention: `use_gqa_attention(target)`: every method, target-only included, runs its multi-token
             forwards without `repeat_kv` copies (one-token steps are unchanged).
@@ -155,7 +159,12 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
         raise ValueError(f"hf_dflash={hf_dflash!r} must name one of the drafters {sorted(drafters)}")
     if prompt_lookup is not None and prompt_lookup < 0:
         raise ValueError(f"prompt_lookup must be >= 0 (0 = skip it), got {prompt_lookup}")
-    reserved = set(BASELINE_METHODS) | ({"lookup"} | {f"{d}+lookup" for d in drafters} if lookup else set())
+    reserved = set(BASELINE_METHODS) | ({"lookup"} | {f"{d}+lookup" for d in drafters}
+                                        | {f"{d}+branches" for d in drafters} if lookup else set())
+    if lookup_branches is not None and (not lookup or isinstance(lookup_branches, bool)
+                                        or not isinstance(lookup_branches, int) or lookup_branches < 1):
+        raise ValueError(f"lookup_branches must be a node count >= 1 and needs lookup; got "
+                         f"lookup_branches={lookup_branches!r}, lookup={lookup!r}")
     clash = sorted(set(drafters) & reserved)
     if clash:
         raise ValueError(f"drafter labels {clash} are method names of the comparison; choose other labels")
@@ -188,6 +197,8 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
     baselines = (["target-only"] + (["prompt-lookup"] if prompt_lookup else [])
                  + (["assisted"] if assistant else [])) if timed else []
     with_lookup = ["lookup"] + [f"{label}+lookup" for label in drafters] if table is not None and timed else []
+    if with_lookup and lookup_branches:
+        with_lookup += [f"{label}+branches" for label in drafters]
     methods = (baselines + list(drafters) + with_lookup + (["hf-dflash"] if hf_dflash else [])
                + (["stock-assisted"] if stock else []))
     result = Comparison(datasets=list(datasets), methods=methods, device=str(target.device))
@@ -220,6 +231,11 @@ def compare(target_name: str, drafters: Mapping[str, str], datasets: Sequence[st
                                                                                                   sps=sps))
         for label, drafter in loaded.items():
             runners[f"{label}+lookup"] = assisted_runner(target, max_new_tokens, drafter, lookup=table, sps=sps)
+        if lookup_branches:
+            for label, drafter in loaded.items():
+                runners[f"{label}+branches"] = batched_runner(target, max_new_tokens, drafter, lookup=table,
+                                                              tree_budget=0, tree_max_nodes=lookup_branches,
+                                                              policy="fixed")
     if adapter is not None:
         runners["hf-dflash"] = greedy_runner(target, max_new_tokens, assistant_model=adapter,
                                              speculation_type="dflash")
@@ -303,6 +319,9 @@ def to_markdown(comp: Comparison, prov: dict, settings: dict) -> str:
         lines += [""] + [f"{m} / dflash macro-average tau: **{comp.macro_tau(m) / base:.3f}x**"
                          for m in comp.drafters if m != "dflash"]
     lines += [""] + [f"- `{m}`: {_NOTES[m]}; tau on the batch-1 prompts." for m in methods if m in _NOTES]
+    lines += [f"- `{m}`: the drafter's chain and the lookup's continuation verified together as a tree "
+              "(`dspark_hf.generate(..., lookup=, tree_budget=0, tree_max_nodes=W)`, policy fixed, the batched loop "
+              "at batch 1); tau on the batch-1 prompts." for m in methods if m.endswith("+branches")]
     if any(r.speed for r in comp.results):
         lines += ["", "### Batch-1 wall-clock speedup over the same target's greedy decoding", "",
                   "| data set | " + " | ".join(methods) + " |", "|---|" + "---|" * len(methods)]

@@ -35,6 +35,7 @@ import torch
 __all__ = [
     "SpeedRecord",
     "assisted_runner",
+    "batched_runner",
     "count_forwards",
     "forward_counted_tau",
     "greedy_runner",
@@ -97,6 +98,18 @@ def assisted_runner(model, max_new_tokens: int, drafter, **assist: Any) -> Runne
         finally:
             drafter.set_assist()
     return with_assist
+
+
+def batched_runner(model, max_new_tokens: int, drafter, **generate_kwargs: Any) -> Runner:
+    """`x -> dspark_hf.generate(model, drafter, x, do_sample=False, max_new_tokens=...)`: the batched loop at batch 1
+    (the loop that verifies trees), plus `generate_kwargs` (e.g. `lookup=`, `tree_budget=`, `policy=`)."""
+    from ..decoding.batched import generate
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with torch.no_grad():
+            return generate(model, drafter, x, attention_mask=torch.ones_like(x), max_new_tokens=max_new_tokens,
+                            do_sample=False, **generate_kwargs)
+    return run
 
 
 def prompt_lookup_runner(model, max_new_tokens: int, num_tokens: int = 10,
