@@ -600,6 +600,16 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 0 --max-nodes 8 "
      "--max-new-tokens 32 --repeats 3 --prepack --gqa-attention --max-prompt-len 256 --threads 1 --lookup release "
      "--label lookup_branches"),
+    ("tree/load_lookup_branches_calibrated.md",
+     "The same after each source's online calibration sees only its own nodes (lookup branch vs drafter nodes)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 0 --max-nodes 8 "
+     "--max-new-tokens 32 --repeats 3 --prepack --gqa-attention --max-prompt-len 256 --threads 1 --lookup release "
+     "--label lookup_branches_calibrated"),
+    ("teacher_forced/smollm2_release.md",
+     "Where the release drafter's acceptance is lost: teacher-forced on training vs held-out answers vs decoding (issue 14)",
+     "OMP_NUM_THREADS=1 python scripts/teacher_forced_acceptance.py --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --data data/smollm2-135m-12k --examples 8 "
+     "--threads 1 --out results/teacher_forced/smollm2_release"),
     ("compare_smollm2_branches/compare.md",
      "Release drafter with lookup branches beside target-only, prompt lookup and the release configuration, batch 1 "
      "(issue 14)",

@@ -697,3 +697,66 @@ def test_greedy_with_lookup_branches_equals_each_rows_greedy_and_leaves_the_chai
     one = dspark_hf.generate(target, drafter, torch.tensor([PROMPTS[1]]), lookup=lookup, tree_budget=budget,
                              tree_max_nodes=cap, **kw)
     assert one.sequences[0, len(PROMPTS[1]):].tolist() == greedy_reference(target, PROMPTS[1], 24)
+
+
+def test_a_lookup_branch_is_calibrated_by_what_its_own_nodes_accepted():
+    """Each source's online calibration sees only its own nodes: a lookup branch that is verified and never accepted
+    drives the lookup's correction down (and not the drafter's, whose chain was accepted), so the priced policy
+    stops verifying the branch while it keeps the chain; corrected estimates stay non-increasing down the tree."""
+    from dspark_hf.decoding.round_state import LengthPolicy, OnlineCalibration, RoundClock
+    from dspark_hf.decoding.tree import lookup_branches
+
+    chain = _chain_tree([3, 4, 5], [0.9, 0.8, 0.7])
+    tree = lookup_branches(chain, [_proposal([3, 9, 8], [0.95, 0.9, 0.9])])  # shares node 0, then nodes 3, 4
+    lookup_from = 3
+    assert tree.parents.tolist() == [[-1, 0, 1, 0, 3]]
+    def curve(b):  # a forward of b tokens costs 1 + 0.3 (b - 1) of one: width is not free
+        return 1.0 / (0.01 * (1.0 + 0.3 * (torch.as_tensor(b, dtype=torch.float) - 1.0)))
+
+    policy = LengthPolicy("scheduled", 3, curve, 0.5, RoundClock(priced=False), calibration=OnlineCalibration(),
+                          lookup_calibration=OnlineCalibration())
+    rows = torch.arange(1)
+    assert policy.admit(tree, rows, lookup_from=lookup_from).tolist() == [[True, False, False, False, False]]  # probe
+    verified = tree.valid.clone()
+    on_chain = torch.tensor([[True, True, True, False, False]])  # the target took the chain every time
+    for _ in range(6):
+        policy.observe(tree, verified, torch.tensor([3]), lookup_from=lookup_from, accepted_nodes=on_chain)
+    assert policy.calibration.kappa > 1.0 > 0.5 > policy.lookup_calibration.kappa
+    survival = policy._tree_survival(tree, lookup_from)
+    assert survival[0, 3] < tree.survival[0, 3] and survival[0, 1] >= tree.survival[0, 1]
+    parents = tree.parents
+    above = torch.where(parents >= 0, survival.gather(1, parents.clamp(min=0)), torch.ones_like(survival))
+    assert bool((survival <= above + 1e-7).all())
+    admitted = policy.admit(tree, rows, lookup_from=lookup_from)
+    assert admitted[0, :3].all() and not admitted[0, 3:].any()
+    # one shared correction (no lookup_from) would have kept the branch's high estimates
+    shared = LengthPolicy("scheduled", 3, policy.sps, 0.5, RoundClock(priced=False), calibration=OnlineCalibration())
+    for _ in range(6):
+        shared.observe(tree, verified, torch.tensor([3]))
+    assert shared.admit(tree, rows)[0, 3:].all()
+
+
+def test_teacher_forced_acceptance_counts_every_answer_anchor():
+    """`scripts/teacher_forced_acceptance.py`: every answer position is an anchor (the first N only, when asked) and
+    the per-slot rates are rates over those anchors."""
+    from conftest import load_script
+    from dspark_hf.training.data import TokenizedExample
+    from dspark_hf.training.features import OnlineFeatures
+
+    script = load_script("teacher_forced_acceptance")
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=3)
+    drafter.bind_target(target)
+    examples = []
+    for i, prompt in enumerate(PROMPTS):
+        answer = greedy_reference(target, prompt, 12)
+        examples.append(TokenizedExample(f"e{i}", prompt + answer, [0] * len(prompt) + [1] * len(answer)))
+    features = OnlineFeatures(target, drafter.config.target_layer_ids)
+    every = script.teacher_forced(drafter, features, examples)
+    assert every["anchors"] == sum(12 - 3 for _ in examples)  # anchors p-1 .. T-K-2 of each example
+    for metric in ("c_star", "greedy_match"):
+        assert len(every[metric]) == 3 and all(0.0 <= v <= 1.0 for v in every[metric])
+    first = script.teacher_forced(drafter, features, examples, first=4)
+    assert first["anchors"] == 4 * len(examples)
+    # the first anchor of each example drafts the same block either way: restricting anchors changes the average only
+    assert every["greedy_match"] != first["greedy_match"] or every["c_star"] != first["c_star"]

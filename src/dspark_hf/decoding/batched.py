@@ -670,6 +670,7 @@ def generate(
             cost.rows = len(rows)
         round_start = time.perf_counter()
         block, tree, width, draft_seconds, tree_seconds, one_time = None, None, 1, 0.0, 0.0, 0.0
+        lookup_from = None  # (set by a tree round with a lookup branch)
         drafting = None  # a planned tree round's `TreeDrafting` (for its growth timing)
         skipped = speculate and backoff.skip()  # (a skipped round is plain decoding, or lookup drafts alone)
         from_lookup = skipped and lookup_only and not lookup_backoff.skip()
@@ -726,9 +727,11 @@ def generate(
                                          sampling=sampling, generator=generator)
                 one_time = rows.pop_one_time_seconds()
                 draft_seconds = time.perf_counter() - draft_start - one_time
+            lookup_from = None  # a lookup branch: its own nodes start here (`tree.lookup_branches` appends them)
             if branches:  # the lookup's continuation as a branch (a round that grew nothing: of the chain)
                 branch_start = time.perf_counter()
                 base = drafted if drafted is not None else DraftTree.from_block(drafting.chain)
+                lookup_from = base.tokens.shape[1]
                 drafted = lookup_branches(base, lookup_proposals(block_size))
                 draft_seconds += time.perf_counter() - branch_start
             if drafted is None:  # the chain's round, verified exactly as tree_budget=None verifies it (no tree mask)
@@ -745,13 +748,13 @@ def generate(
                 lengths = torch.minimum(admitted.sum(dim=1), outputs.remaining(rows.ids))
                 width = 1 + int(lengths.max())
             else:
-                admitted = choose.admit(drafted, rows.ids)
+                admitted = choose.admit(drafted, rows.ids, lookup_from=lookup_from)
                 if tree_max_nodes is not None:  # the most likely nodes within the width
                     admitted = _cap_nodes(drafted, admitted, tree_max_nodes)
                 steps = drafting.steps if drafting is not None else 0
                 kind = "tree" if round_spec.budget > 0 or branches else "drafter"
                 if backoff.enabled:  # (trees that verified at a loss: see RealizedGain; chain rounds judge "drafter")
-                    backoff.observe(choose.tree_pays(drafted, admitted, growth_steps=steps),
+                    backoff.observe(choose.tree_pays(drafted, admitted, growth_steps=steps, lookup_from=lookup_from),
                                     min_skip=choose.probe_skip(len(rows)), proven=realized.pays(kind))
                 if round_spec.budget > 0:  # a branch verified, and trees recently gained what they cost
                     branching.observe(bool(admitted[:, drafted.num_chain:].any()) and realized.pays("tree"))
@@ -814,7 +817,12 @@ def generate(
                             pad_token_id=settings.pad_token_id)
 
         if width > 1:  # what the estimates of the verified drafts predicted against what was accepted
-            choose.observe(block, lengths if tree is None else admitted, result.num_accepted, lookup_only=from_lookup)
+            if tree is not None and lookup_from is not None:  # each source's calibration sees its own nodes
+                choose.observe(block, admitted, result.num_accepted, lookup_from=lookup_from,
+                               accepted_nodes=_accepted_nodes(tree, result, admitted.shape))
+            else:
+                choose.observe(block, lengths if tree is None else admitted, result.num_accepted,
+                               lookup_only=from_lookup)
 
         # update caches: anchor + accepted drafts (path) become context of both caches; the rest stay holes
         if width == 1:
@@ -897,6 +905,20 @@ def _rider_share(cost: Any, rows: int, riders: int) -> float | None:
         return None
     seconds = 1.0 / sps_values(cost, torch.tensor([rows, 2 * rows]))
     return float(riders * (seconds[1] - seconds[0]) / rows / seconds[0])
+
+
+def _accepted_nodes(tree: DraftTree, result: Any, shape: torch.Size) -> torch.Tensor:
+    """`[R, N]` (CPU) bool over the drafted tree's nodes: those on the accepted path (`result.path` indexes the
+    verified subtree `tree`, whose `node_ids` are the drafted tree's indices)."""
+    out = torch.zeros(shape, dtype=torch.bool)
+    path = result.path.cpu() if result.path is not None else None
+    if path is None or path.numel() == 0:
+        return out
+    on_path = path >= 0
+    ids = tree.node_ids.cpu().gather(1, path.clamp(min=0))
+    rows = torch.arange(shape[0])[:, None].expand_as(ids)
+    out[rows[on_path], ids[on_path]] = True
+    return out
 
 
 def _cap_nodes(tree: DraftTree, admitted: torch.Tensor, max_nodes: int) -> torch.Tensor:

@@ -767,12 +767,39 @@ class LengthPolicy:
         survival = survival.detach().float().cpu()
         return survival if self.calibration is None else self.calibration.survival(survival)
 
-    def observe(self, block: Any, verified: torch.Tensor, accepted: torch.Tensor, lookup_only: bool = False) -> None:
+    def _tree_survival(self, tree: DraftTree, lookup_from: int | None = None) -> torch.Tensor:
+        """The tree's survival estimates, corrected: nodes `lookup_from..` (a lookup branch's own nodes,
+        `tree.lookup_branches`) by `lookup_calibration`, the others by `calibration`; then made non-increasing from
+        parent to child again (two sources' corrections differ), so that what a policy keeps is still a tree."""
+        survival = tree.survival.detach().float().cpu()
+        if lookup_from is None or self.calibration is None or self.lookup_calibration is None:
+            return self._survival(survival)
+        from_lookup = torch.arange(survival.shape[1]) >= lookup_from
+        out = torch.where(from_lookup[None, :], self.lookup_calibration.survival(survival),
+                          self.calibration.survival(survival))
+        parents = tree.parents.cpu()
+        for node in range(lookup_from, out.shape[1]):  # (parents precede children; below lookup_from: one source)
+            parent = parents[:, node]
+            above = out.gather(1, parent.clamp(min=0)[:, None]).squeeze(1)
+            out[:, node] = torch.where(parent >= 0, torch.minimum(out[:, node], above), out[:, node])
+        return out
+
+    def observe(self, block: Any, verified: torch.Tensor, accepted: torch.Tensor, lookup_only: bool = False,
+                lookup_from: int | None = None, accepted_nodes: torch.Tensor | None = None) -> None:
         """After verification: feeds `calibration` (`lookup_calibration` for a lookup-only round) with this round's
         estimates of the verified drafts (`verified`: lengths `[R]` of a chain, or the `[R, N]` admitted nodes of a
-        tree) and the accepted counts `[R]`."""
+        tree) and the accepted counts `[R]`. A tree with a lookup branch (its own nodes from `lookup_from` on) and its
+        accepted nodes `accepted_nodes` `[R, N]` feeds each source's calibration with its own nodes."""
         calibration = self.lookup_calibration if lookup_only else self.calibration
         if calibration is None or block is None:
+            return
+        if (isinstance(block, DraftTree) and block.survival is not None and lookup_from is not None
+                and accepted_nodes is not None and self.lookup_calibration is not None):
+            survival = block.survival.detach().float().cpu().masked_fill(~block.valid.cpu(), 0.0)
+            verified, accepted_nodes = verified.cpu().bool(), accepted_nodes.cpu().bool()
+            from_lookup = (torch.arange(survival.shape[1]) >= lookup_from)[None, :].expand_as(verified)
+            for source, mask in ((self.calibration, ~from_lookup), (self.lookup_calibration, from_lookup)):
+                source.observe(survival.masked_fill(~mask, 0.0), verified & mask, (accepted_nodes & mask).sum(dim=1))
             return
         if isinstance(block, DraftTree):
             if block.survival is not None:
@@ -806,7 +833,7 @@ class LengthPolicy:
             lengths = lengths.clamp(max=PROBE_LENGTH)
         return lengths
 
-    def admit(self, tree: DraftTree, rows: torch.Tensor) -> torch.Tensor:
+    def admit(self, tree: DraftTree, rows: torch.Tensor, lookup_from: int | None = None) -> torch.Tensor:
         """`[R, N]` (CPU) bool: the nodes of this round's trees of `rows` to verify; reads past rounds only. The same
         policies over node survivals (`scheduler.schedule_tree` & co.); on a chain the same lengths as `lengths`."""
         valid = tree.valid.cpu()
@@ -815,7 +842,7 @@ class LengthPolicy:
         survival = tree.survival.detach().float().cpu()
         if self.name == "threshold":
             return threshold_tree(survival, valid, self.threshold)
-        survival = self._survival(survival)
+        survival = self._tree_survival(tree, lookup_from)  # (a lookup branch: corrected by its own calibration)
         stale = self.history.two_rounds_ago(rows) if self.name == "async" else None
         growth = self.growth.cost()
         priced = dict(growth=growth, num_chain=tree.num_chain) if growth is not None else {}
@@ -845,14 +872,15 @@ class LengthPolicy:
 
         return plan
 
-    def tree_pays(self, tree: DraftTree, admitted: torch.Tensor, growth_steps: int = 0) -> bool:
+    def tree_pays(self, tree: DraftTree, admitted: torch.Tensor, growth_steps: int = 0,
+                  lookup_from: int | None = None) -> bool:
         """`pays` for a tree round: expected throughput of the admitted nodes (with the `growth_steps` grown, priced
         when growth is) against plain decoding."""
         if not bool(admitted.any()):
             return False
         if not self.clock.measured or tree.survival is None:
             return True
-        survival = self._survival(tree.survival).masked_fill(~tree.valid.cpu(), 0.0)
+        survival = self._tree_survival(tree, lookup_from).masked_fill(~tree.valid.cpu(), 0.0)
         return (expected_tree_throughput(survival, admitted, self.clock.cost(self.sps), growth=self.growth.cost(),
                                          growth_steps=growth_steps, padded=self.padded)
                 > expected_tree_throughput(survival, torch.zeros_like(admitted),
