@@ -595,6 +595,11 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 aime gsm_symbolic "
      "--prompts 2 --max-new-tokens 64 --budgets 4 --max-nodes 6 8 10 12 --repeats 2 --threads 1 --prepack "
      "--gqa-attention --lookup release --label lookup_branches_widths"),
+    ("tree/batch1_lookup_branches_gated.md",
+     "Lookup branches with the drafter gate (rounds where the lookup alone is expected to emit faster skip the drafter)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 aime gsm_symbolic "
+     "--prompts 2 --max-new-tokens 64 --budgets 0 4 --max-nodes 8 --repeats 2 --threads 1 --prepack --gqa-attention "
+     "--lookup release --label lookup_branches_gated"),
     ("tree/load_lookup_branches.md",
      "Lookup branches under load: chain with the lookup merge vs the lookup branch capped at 8 nodes, scheduled policy",
      "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 0 --max-nodes 8 "

@@ -760,3 +760,53 @@ def test_teacher_forced_acceptance_counts_every_answer_anchor():
     assert first["anchors"] == 4 * len(examples)
     # the first anchor of each example drafts the same block either way: restricting anchors changes the average only
     assert every["greedy_match"] != first["greedy_match"] or every["c_star"] != first["c_star"]
+
+
+def test_the_drafter_gate_skips_the_drafter_where_the_lookup_alone_does_better():
+    from dspark_hf.decoding.round_state import DrafterGate
+
+    gate = DrafterGate()
+    sure = _proposal([1, 2, 3], [0.95, 0.95, 0.95])
+    assert gate.runs_drafter([sure])  # nothing measured yet: draft
+    # a drafter costing 10% of a round whose chain survives 0.5, 0.25, 0.125
+    gate.observe(1.1, 0.1, torch.tensor([[0.5, 0.25, 0.125]]))
+    assert gate.drafter_seconds == pytest.approx(0.1) and gate.other_seconds == pytest.approx(1.0)
+    # no lookup proposal: the drafter adds 0.875 tokens to 1 for 10% more time
+    assert gate.runs_drafter([_proposal([], [])])
+    # a confident lookup: the drafter adds 0.5 x 0.05 + 0.25 x 0.0975 + ... < 10% of 1 + 2.57 tokens
+    assert not gate.runs_drafter([sure]) and gate.skipped == 1
+    # a weak lookup: the drafter pays again
+    assert gate.runs_drafter([_proposal([1], [0.2])])
+
+
+@pytest.mark.parametrize("policy", ["fixed", "scheduled"])
+def test_gated_lookup_branch_rounds_verify_the_lookup_alone_and_stay_lossless(policy, monkeypatch):
+    """A lookup that memorised the rows and an untrained drafter: after the first timed rounds the gate takes rounds
+    from the drafter (lookup-only rounds), the output is still each row's greedy output; `drafter_gate=False`
+    drafts in every round."""
+    import dspark_hf.decoding.round_state as round_state
+
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=4)
+    lookup = _lookup_from_target(target, PROMPTS[:2], n=24)
+    ids, mask = left_pad(PROMPTS[:2])
+    # the drafter's forward timed as a large share of a round (a CPU drafter next to a small target)
+    monkeypatch.setattr(round_state.DrafterGate, "observe", lambda self, seconds, drafter_seconds=0.0,
+                        chain_survival=None: _observe_as(self, drafter_seconds, chain_survival))
+    kw = dict(max_new_tokens=24, policy=policy, sps=sps_curve, lookup=lookup, tree_budget=0, record_rounds=True,
+              return_dict_in_generate=True)
+    gated = dspark_hf.generate(target, drafter, ids, mask, **kw)
+    always = dspark_hf.generate(target, drafter, ids, mask, drafter_gate=False, **kw)
+    for out in (gated, always):
+        for row, prompt in enumerate(PROMPTS[:2]):
+            assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 24), (policy, row)
+    assert any(r.lookup_only for r in gated.rounds)
+    assert not any(r.lookup_only for r in always.rounds)
+
+
+def _observe_as(gate, drafter_seconds, chain_survival):
+    """`DrafterGate.observe` with fixed timings: rounds of 1 s, of which a drafting round's drafter took 0.5 s."""
+    gate.other_seconds = 1.0
+    if chain_survival is not None:
+        gate.drafter_seconds = 0.5
+        gate.survival = chain_survival.float().mean(dim=0)

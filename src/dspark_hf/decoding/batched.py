@@ -99,7 +99,7 @@ from ..models.lookup import LookupProposal, lookup_block, merge_lookup_drafts
 from ..models.modeling_dspark import DSparkDrafter
 from ..models.prepacked import is_prepacked, ragged_tokens
 from .policy_memory import LearnedState, PolicyMemory
-from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, GrowthClock, IdleBackoff, LengthPolicy,
+from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, DrafterGate, GrowthClock, IdleBackoff, LengthPolicy,
                           MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, Riders, RowOutputs,
                           RowStats, target_layer_ids)
 from .scheduler import POLICIES, cap_tree, sps_values
@@ -426,6 +426,7 @@ def generate(
     tree_max_nodes: int | None = None,
     lookup: Any = None,
     lookup_rounds: bool = True,
+    drafter_gate: bool = True,
     padded_pricing: bool = True,
     ragged_verification: bool | None = None,
     measured_cost: bool = True,
@@ -514,6 +515,10 @@ def generate(
             to beat the lookup-only round it replaced (`LengthPolicy.pays(alternative=)`), so a drafter that adds
             nothing next to the lookup is backed off. Decided from past rounds only: lossless either way. False: skipped
             rounds are plain decoding.
+        drafter_gate: with lookup branches (`lookup` and `tree_budget`): a round runs the drafter only where its
+            nodes are expected to add more tokens than its measured time costs next to the lookup's proposal
+            (`round_state.DrafterGate`); otherwise it verifies the lookup's drafts alone. False: the drafter drafts in
+            every round.
         padded_pricing: for "scheduled" / "async": price each verification forward as the rectangle it runs (every
             row padded to the widest: `scheduler.schedule_width`, `schedule_tree(padded=True)`), so the policy picks
             one width per round that pays for all rows. False: Algorithm 1's ragged pricing (B = sum of per-row
@@ -570,6 +575,8 @@ def generate(
         spec = TreeSpec(budget=tree_budget, max_children=tree_max_children)
         attention = check_tree_attention(target, probe=True)
     branches = spec is not None and lookup is not None  # the lookup's continuation merged into each tree
+    # lookup branches: rounds where the lookup alone is expected to do better skip the drafter (`DrafterGate`)
+    gate = DrafterGate() if branches and drafter_gate else None
     # tokens per row of a verification forward (lookup branches: up to block_size more nodes)
     width_max = 1 + block_size + (spec.budget if spec is not None else 0) + (block_size if branches else 0)
     ragged = is_prepacked(target)
@@ -671,10 +678,27 @@ def generate(
         round_start = time.perf_counter()
         block, tree, width, draft_seconds, tree_seconds, one_time = None, None, 1, 0.0, 0.0, 0.0
         lookup_from = None  # (set by a tree round with a lookup branch)
+        chain_survival = None  # (a lookup-branch round's drafter chain survival, for `DrafterGate`)
         drafting = None  # a planned tree round's `TreeDrafting` (for its growth timing)
         skipped = speculate and backoff.skip()  # (a skipped round is plain decoding, or lookup drafts alone)
         from_lookup = skipped and lookup_only and not lookup_backoff.skip()
-        if from_lookup:  # a lookup-only round: no drafter forward, priced without the drafter's time
+        proposals, gated = None, False  # lookup branches: the lookup's proposals first; the gate may skip the drafter
+        if branches and not skipped:
+            gate_start = time.perf_counter()
+            proposals = lookup_proposals(block_size)
+            gated = gate is not None and not gate.runs_drafter(proposals)
+            gate_seconds = time.perf_counter() - gate_start
+        if gated:  # the lookup alone is expected to emit faster than with the drafter's forward (`DrafterGate`)
+            from_lookup = True
+            block = lookup_block(proposals, block_size, vocab_size, device=device)
+            drafts = torch.tensor([min(len(p.tokens), block_size) for p in proposals])
+            lengths = torch.minimum(choose.lengths(block, rows.ids, with_drafter=False).cpu(), drafts)
+            if tree_max_nodes is not None:
+                lengths = lengths.clamp(max=tree_max_nodes)
+            lengths = torch.minimum(lengths, outputs.remaining(rows.ids))
+            width = 1 + int(lengths.max())
+            draft_seconds = gate_seconds
+        elif from_lookup:  # a lookup-only round: no drafter forward, priced without the drafter's time
             lookup_start = time.perf_counter()
             proposals = lookup_proposals(block_size)
             block = lookup_block(proposals, block_size, vocab_size, device=device)
@@ -732,8 +756,10 @@ def generate(
                 branch_start = time.perf_counter()
                 base = drafted if drafted is not None else DraftTree.from_block(drafting.chain)
                 lookup_from = base.tokens.shape[1]
-                drafted = lookup_branches(base, lookup_proposals(block_size))
-                draft_seconds += time.perf_counter() - branch_start
+                if base.survival is not None:
+                    chain_survival = base.survival[:, : base.num_chain]
+                drafted = lookup_branches(base, proposals)
+                draft_seconds += time.perf_counter() - branch_start + gate_seconds
             if drafted is None:  # the chain's round, verified exactly as tree_budget=None verifies it (no tree mask)
                 block = drafting.chain
                 chain = DraftTree.from_block(block)
@@ -849,6 +875,10 @@ def generate(
             clock.add(time.perf_counter() - round_start - verify_seconds - tree_seconds - one_time, draft_seconds)
             if drafting is not None and tree is not None:
                 growth.add(drafting.steps, drafting.step_seconds, tree_seconds - drafting.step_seconds)
+        if gate is not None and width > 1 and (gated or chain_survival is not None):  # the gate's timings
+            gate.observe(time.perf_counter() - round_start - one_time,
+                         0.0 if gated else draft_seconds - gate_seconds,  # (the proposals: both kinds pay them)
+                         None if gated else chain_survival)
         if backoff.enabled:  # what the round actually cost and emitted, against the plain rounds' rate
             round_seconds = time.perf_counter() - round_start - one_time
             if block is None:

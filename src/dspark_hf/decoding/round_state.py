@@ -53,6 +53,7 @@ __all__ = [
     "OnlineCalibration",
     "ActiveRows",
     "RealizedGain",
+    "DrafterGate",
     "BranchBackoff",
     "ConfidenceHistory",
     "GrowthClock",
@@ -942,6 +943,67 @@ class LengthPolicy:
             baseline = max(baseline, expected_throughput(other, best, plain_cost, padded=self.padded))
         cost = WithRoundOverhead(plain_cost, float(lookup_seconds)) if lookup_only else self.clock.cost(self.sps)
         return expected_throughput(conf, lengths, cost, padded=self.padded) > baseline
+
+
+@dataclass
+class DrafterGate:
+    """Whether a round with lookup branches runs the drafter at all (`batched.generate(lookup=, tree_budget=)`).
+
+    Next to a lookup branch the drafter's nodes add accepted tokens only where the lookup's fail: with the lookup's
+    prefix survival s^L_j (known before drafting, from the sequence alone) and the drafter's typical chain survival
+    s^D_j (the average of its recent rounds' estimates), a round expects about sum_r sum_j s^D_j (1 - s^L_rj) more
+    tokens from the drafter (independence assumed; the two tend to fail at the same hard positions, so this
+    over-estimates the gain and errs towards drafting). The drafter costs its measured seconds d on top of a round's
+    other seconds T. It runs iff gain / (R + sum s^L) > d / T: more tokens per second with it than without. A round
+    that skips it verifies the lookup's drafts alone (a lookup-only round). Until both kinds of round have been timed
+    (and the drafter's survival seen) it always drafts.
+
+    Decided from past rounds and the lookup's deterministic proposals only. Lookup branches are greedy-only, where any
+    such rule leaves the output the target's own.
+
+    Attributes:
+        decay: weight of a new observation in the running averages.
+        drafter_seconds, other_seconds: running averages (None until observed).
+        survival: `[K]` running average of the drafter's chain survival estimates (None until observed).
+        skipped: rounds the gate took from the drafter (for records and tests).
+    """
+
+    decay: float = 0.3
+    drafter_seconds: float | None = None
+    other_seconds: float | None = None
+    survival: torch.Tensor | None = None
+    skipped: int = 0
+
+    def _average(self, old: Any, new: Any) -> Any:
+        return new if old is None else (1 - self.decay) * old + self.decay * new
+
+    def observe(self, round_seconds: float, drafter_seconds: float = 0.0,
+                chain_survival: torch.Tensor | None = None) -> None:
+        """A verifying round's seconds (one-time work excluded), of which `drafter_seconds` were the drafter's (0 for a
+        lookup-only round), and the drafter's chain survival estimates `[R, K]` when it drafted."""
+        self.other_seconds = self._average(self.other_seconds, max(0.0, round_seconds - drafter_seconds))
+        if chain_survival is not None:
+            self.drafter_seconds = self._average(self.drafter_seconds, drafter_seconds)
+            mean = chain_survival.detach().float().cpu().mean(dim=0)
+            self.survival = mean if self.survival is None or self.survival.shape != mean.shape else \
+                self._average(self.survival, mean)
+
+    def runs_drafter(self, proposals: Sequence[Any]) -> bool:
+        """Whether this round should run the drafter, given each row's lookup proposal (`LookupProposal`)."""
+        if self.drafter_seconds is None or self.other_seconds is None or self.survival is None:
+            return True
+        k = self.survival.shape[0]
+        lookup = torch.zeros(len(proposals), k)
+        for r, proposal in enumerate(proposals):
+            s = list(proposal.survival)[:k]
+            if s:
+                lookup[r, : len(s)] = torch.tensor(s)
+        gain = float((self.survival[None, :] * (1.0 - lookup)).sum())
+        base = len(proposals) + float(lookup.sum())
+        if gain * self.other_seconds > base * self.drafter_seconds:
+            return True
+        self.skipped += 1
+        return False
 
 
 @dataclass
