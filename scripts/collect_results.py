@@ -610,6 +610,11 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 0 --max-nodes 8 "
      "--max-new-tokens 32 --repeats 3 --prepack --gqa-attention --max-prompt-len 256 --threads 1 --lookup release "
      "--label lookup_branches_calibrated"),
+    ("tree/load_lookup_branches_gate.md",
+     "The same with the drafter gate, the benchmark alone on the machine",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 0 --max-nodes 8 "
+     "--max-new-tokens 32 --repeats 3 --prepack --gqa-attention --max-prompt-len 256 --threads 1 --lookup release "
+     "--label lookup_branches_gate"),
     ("teacher_forced/smollm2_release.md",
      "Where the release drafter's acceptance is lost: teacher-forced on training vs held-out answers vs decoding (issue 14)",
      "OMP_NUM_THREADS=1 python scripts/teacher_forced_acceptance.py --target smollm2-135m-instruct --drafter "
