@@ -99,9 +99,9 @@ from ..models.lookup import LookupProposal, lookup_block, merge_lookup_drafts
 from ..models.modeling_dspark import DSparkDrafter
 from ..models.prepacked import is_prepacked, ragged_tokens
 from .policy_memory import LearnedState, PolicyMemory
-from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, DrafterGate, GrowthClock, IdleBackoff, LengthPolicy,
-                          MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, Riders, RowOutputs,
-                          RowStats, target_layer_ids)
+from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, DrafterGate, GrowthClock, IdleBackoff,
+                          LengthPolicy, MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, Riders,
+                          RowOutputs, RowStats, target_layer_ids)
 from .scheduler import POLICIES, cap_tree, sps_values
 from .sps import RowScaledCost, SPSTable, profile_sps, target_fingerprint
 from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, lookup_branches, plans_growth
@@ -691,8 +691,8 @@ def generate(
         if gated:  # the lookup alone is expected to emit faster than with the drafter's forward (`DrafterGate`)
             from_lookup = True
             block = lookup_block(proposals, block_size, vocab_size, device=device)
-            drafts = torch.tensor([min(len(p.tokens), block_size) for p in proposals])
-            lengths = torch.minimum(choose.lengths(block, rows.ids, with_drafter=False).cpu(), drafts)
+            proposed = torch.tensor([min(len(p.tokens), block_size) for p in proposals])
+            lengths = torch.minimum(choose.lengths(block, rows.ids, with_drafter=False).cpu(), proposed)
             if tree_max_nodes is not None:
                 lengths = lengths.clamp(max=tree_max_nodes)
             lengths = torch.minimum(lengths, outputs.remaining(rows.ids))
@@ -751,11 +751,10 @@ def generate(
                                          sampling=sampling, generator=generator)
                 one_time = rows.pop_one_time_seconds()
                 draft_seconds = time.perf_counter() - draft_start - one_time
-            lookup_from = None  # a lookup branch: its own nodes start here (`tree.lookup_branches` appends them)
             if branches:  # the lookup's continuation as a branch (a round that grew nothing: of the chain)
                 branch_start = time.perf_counter()
                 base = drafted if drafted is not None else DraftTree.from_block(drafting.chain)
-                lookup_from = base.tokens.shape[1]
+                lookup_from = base.tokens.shape[1]  # the branch's own nodes start here (appended by lookup_branches)
                 if base.survival is not None:
                     chain_survival = base.survival[:, : base.num_chain]
                 drafted = lookup_branches(base, proposals)
