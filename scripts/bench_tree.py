@@ -274,6 +274,12 @@ def run_load(args) -> dict:
         per = {m: [] for m in methods}
         decode = {m: [] for m in methods}
         work = {m: [] for m in methods}  # per run: rounds of the longest row, draft tokens verified (all rows)
+        if args.warmup:  # untimed: what a first call at this concurrency pays once (its cost curve's profile)
+            for method in methods:
+                dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=4, do_sample=False, policy="scheduled",
+                                   sps=args.sps_cache, tree_max_children=args.max_children,
+                                   **({} if args.lookup_table is None else {"lookup": args.lookup_table}),
+                                   **method_kwargs(method))
         for repeat in range(args.repeats):
             for method in (methods if repeat % 2 == 0 else methods[::-1]):
                 prefill.seconds = 0.0
@@ -305,7 +311,7 @@ def run_load(args) -> dict:
     return {"part": "load", "target": TARGET, "drafter": "release", "budget": args.budget, "lookup": args.lookup,
             "max_nodes": args.max_nodes[0] if args.max_nodes else None,
             "max_children": args.max_children, "max_new_tokens": args.max_new_tokens, "repeats": args.repeats,
-            "rows": rows}
+            "warmup": args.warmup, "rows": rows}
 
 
 def load_markdown(data: dict) -> str:
@@ -313,7 +319,9 @@ def load_markdown(data: dict) -> str:
              f"extra nodes (at most {data['max_children']} children per node), median of {data['repeats']} "
              f"repeat(s)." + (f" Lookup table `{data['lookup']}`: the chain merges its drafts, the tree verifies its "
                                "continuation as a branch." if data.get("lookup") else "")
-             + (f" Tree width capped at {data['max_nodes']} nodes." if data.get("max_nodes") else ""), "",
+             + (f" Tree width capped at {data['max_nodes']} nodes." if data.get("max_nodes") else "")
+             + (" One untimed call per method at each concurrency first (its cost curve profiled outside the timed "
+                "calls)." if data.get("warmup") else ""), "",
              "| concurrency | chain tokens/s | tree tokens/s | tree / chain | chain decoding tokens/s | "
              "tree decoding tokens/s | decoding tree / chain |", "|---|---|---|---|---|---|---|"]
     for r in data["rows"]:
@@ -367,6 +375,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads")
     parser.add_argument("--no-eos", action="store_true", help="never stop at EOS (every call makes max-new-tokens)")
+    parser.add_argument("--warmup", action="store_true",
+                        help="load: one untimed call per method at each concurrency before the timed repeats (the "
+                             "first call's cost-curve profile then stays out of every timed call)")
     parser.add_argument("--prepack", action="store_true",
                         help="prepacked CPU linears for the target (every method, plain decoding included)")
     parser.add_argument("--gqa-attention", action="store_true",

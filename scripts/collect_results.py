@@ -627,6 +627,40 @@ SECTIONS = [
      "release=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --limit 8 --max-new-tokens 64 "
      "--speed-prompts 2 --prepack --gqa-attention --lookup release --lookup-branches 8 "
      "--out results/compare_smollm2_branches"),
+    ("tree/batch1_lookup_branches_realized_gate.md",
+     "Lookup branches with the drafter gate deciding from what each lookup-strength bin realized (issue 13)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 aime gsm_symbolic "
+     "--prompts 2 --max-new-tokens 64 --budgets 0 4 --max-nodes 8 10 --repeats 2 --threads 1 --prepack "
+     "--gqa-attention --lookup release --label lookup_branches_realized_gate"),
+    ("tree/load_lookup_branches_realized_gate.md",
+     "Lookup branches under load with the realized drafter gate (issue 13)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 0 --max-nodes 8 "
+     "--max-new-tokens 32 --repeats 3 --prepack --gqa-attention --max-prompt-len 256 --threads 1 --lookup release "
+     "--label lookup_branches_realized_gate"),
+    ("tree/load_lookup_branches_realized_gate_warm.md",
+     "The same with the cost-curve profile out of the timed calls (`--warmup`)",
+     "OMP_NUM_THREADS=1 python scripts/bench_tree.py load --concurrency 1 4 16 64 --budget 0 --max-nodes 8 "
+     "--max-new-tokens 32 --repeats 3 --prepack --gqa-attention --max-prompt-len 256 --threads 1 --lookup release "
+     "--warmup --label lookup_branches_realized_gate_warm"),
+    ("bench_smollm2_session5_gsm/bench.md",
+     "Batched goal re-measured: every policy against max(none, fixed) at 1, 4 and 16 requests (issue 14)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies fixed scheduled scheduled-warm "
+     "--concurrency 1 4 16 --max-new-tokens 48 --repeats 2 --lookup release --prepack --gqa-attention "
+     "--prompt-set gsm_symbolic --out results/bench_smollm2_session5_gsm"),
+    ("bench_smollm2_session5_gsm_c64/bench.md",
+     "The same at 64 requests (`fixed`, far below none there, left out)",
+     "OMP_NUM_THREADS=1 dspark-hf bench --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies scheduled scheduled-warm "
+     "--concurrency 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --gqa-attention "
+     "--prompt-set gsm_symbolic --out results/bench_smollm2_session5_gsm_c64"),
+    ("compare_smollm2_branches_gate/compare.md",
+     "Lookup branches with the realized drafter gate beside target-only, prompt lookup and the release configuration, "
+     "batch 1 (issue 14)",
+     "OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct --drafter "
+     "release=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --limit 8 --max-new-tokens 64 "
+     "--speed-prompts 2 --prepack --gqa-attention --lookup release --lookup-branches 8 "
+     "--out results/compare_smollm2_branches_gate"),
 ]
 
 

@@ -779,7 +779,41 @@ def test_the_drafter_gate_skips_the_drafter_where_the_lookup_alone_does_better()
     assert gate.runs_drafter([_proposal([1], [0.2])])
 
 
-@pytest.mark.parametrize("policy", ["fixed", "scheduled"])
+def test_the_drafter_gate_decides_from_what_each_lookup_bin_realized():
+    """Once a bin of lookup strength has drafting rounds of its own, the gate compares their realized rates: the
+    lookup-alone counterfactual is the proposal's prefix on the emitted tokens (capped at the verified width), the
+    drafter's gain what it accepted beyond that."""
+    from dspark_hf.decoding.round_state import DrafterGate, _lookup_alone
+
+    assert _lookup_alone([5, 6, 7], [5, 6, 9, 1], None) == 2
+    assert _lookup_alone([5, 6, 7], [5, 6, 7, 1], 2) == 2  # (a width cap: what a lookup-only round verifies)
+    assert _lookup_alone([], [3], None) == 0
+    gate = DrafterGate(min_rounds=2, explore_every=3, decay=1.0)
+    strong = _proposal([1, 2, 3], [0.9, 0.9, 0.9])  # expected 2.4 drafts: one bin
+    weak = _proposal([1], [0.3])  # expected 0.3: another
+    assert gate.bin([strong]) != gate.bin([weak])
+    survival = torch.tensor([[0.9, 0.8, 0.7]])  # a drafter whose prior always says "draft"
+    # strong bin: the lookup's three drafts are taken, the drafter adds nothing, and its round costs 1.5 s vs 1.0 s
+    for _ in range(2):
+        gate.observe(1.5, 0.4, survival, proposals=[strong], emitted=[[1, 2, 3, 8]])
+    gate.observe(1.0, 0.0, None, proposals=[strong], emitted=[[1, 2, 3, 8]])
+    evidence = gate.evidence[gate.bin([strong])]
+    assert evidence.drafter_gain == 0 and evidence.lookup_tokens == 3 and evidence.lookup_seconds == 1.0
+    # weak bin: the lookup's draft is rejected, the drafter's three are taken (gain 3 for 1.5 s against 1.0 s)
+    for _ in range(2):
+        gate.observe(1.5, 0.4, survival, proposals=[weak], emitted=[[7, 8, 9, 4]])
+    assert gate.evidence[gate.bin([weak])].drafter_gain == 3
+    assert gate.runs_drafter([weak])
+    assert not gate.runs_drafter([strong]) and gate.skipped == 1
+    # a bin the gate keeps skipping drafts again after `explore_every` skips, then skips again
+    decisions = [gate.runs_drafter([strong]) for _ in range(4)]
+    assert decisions == [False, False, True, False]
+    # the prior still decides for a bin without drafting rounds of its own (here: draft)
+    medium = _proposal([1, 2], [0.8, 0.7])
+    assert gate.bin([medium]) not in gate.evidence and gate.runs_drafter([medium])
+
+
+@pytest.mark.parametrize("policy", ["fixed", "scheduled", "async"])
 def test_gated_lookup_branch_rounds_verify_the_lookup_alone_and_stay_lossless(policy, monkeypatch):
     """A lookup that memorised the rows and an untrained drafter: after the first timed rounds the gate takes rounds
     from the drafter (lookup-only rounds), the output is still each row's greedy output; `drafter_gate=False`
@@ -792,7 +826,7 @@ def test_gated_lookup_branch_rounds_verify_the_lookup_alone_and_stay_lossless(po
     ids, mask = left_pad(PROMPTS[:2])
     # the drafter's forward timed as a large share of a round (a CPU drafter next to a small target)
     monkeypatch.setattr(round_state.DrafterGate, "observe", lambda self, seconds, drafter_seconds=0.0,
-                        chain_survival=None: _observe_as(self, drafter_seconds, chain_survival))
+                        chain_survival=None, **_: _observe_as(self, drafter_seconds, chain_survival))
     kw = dict(max_new_tokens=24, policy=policy, sps=sps_curve, lookup=lookup, tree_budget=0, record_rounds=True,
               return_dict_in_generate=True)
     gated = dspark_hf.generate(target, drafter, ids, mask, **kw)
@@ -810,3 +844,21 @@ def _observe_as(gate, drafter_seconds, chain_survival):
     if chain_survival is not None:
         gate.drafter_seconds = 0.5
         gate.survival = chain_survival.float().mean(dim=0)
+
+
+def test_async_history_reads_a_chain_round_as_a_tree_and_a_tree_round_as_a_chain():
+    """Gated lookup-only rounds push chain confidences between tree rounds (and back): the async policy's two-rounds-
+    ago budget reads either kind in the form it needs."""
+    from dspark_hf.decoding.round_state import ConfidenceHistory
+
+    rows = torch.tensor([0, 1])
+    history = ConfidenceHistory()
+    history.push(torch.tensor([[0.5, 0.5], [1.0, 0.2]]), rows)  # a chain round: confidences
+    history.push(torch.tensor([[0.9, 0.1, 0.8]]).repeat(2, 1), rows, torch.ones(2, 3, dtype=torch.bool))
+    survival, valid = history.survival_two_rounds_ago(rows)
+    assert torch.allclose(survival, torch.tensor([[0.5, 0.25], [1.0, 0.2]])) and bool(valid.all())
+    history.push(torch.tensor([[0.5, 0.5]]).repeat(2, 1), rows)
+    # a tree round (node survivals 0.9, 0.1, 0.8; node 1 invalid in row 1) as the chain of its best nodes
+    history.valid[-2] = torch.tensor([[True, True, True], [True, False, True]])
+    conf = history.confidences_two_rounds_ago(rows)
+    assert torch.allclose(conf, torch.tensor([[0.9, 0.8 / 0.9, 0.1 / 0.8], [0.9, 0.8 / 0.9, 0.0]]))

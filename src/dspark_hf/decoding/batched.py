@@ -515,9 +515,10 @@ def generate(
             to beat the lookup-only round it replaced (`LengthPolicy.pays(alternative=)`), so a drafter that adds
             nothing next to the lookup is backed off. Decided from past rounds only: lossless either way. False: skipped
             rounds are plain decoding.
-        drafter_gate: with lookup branches (`lookup` and `tree_budget`): a round runs the drafter only where its
-            nodes are expected to add more tokens than its measured time costs next to the lookup's proposal
-            (`round_state.DrafterGate`); otherwise it verifies the lookup's drafts alone. False: the drafter drafts in
+        drafter_gate: with lookup branches (`lookup` and `tree_budget`): a round runs the drafter only where past
+            rounds with a lookup proposal as strong as this one emitted faster with it than without (the tokens the
+            drafter added beyond the lookup's, measured, against the seconds of both kinds of round:
+            `round_state.DrafterGate`); otherwise it verifies the lookup's drafts alone. False: the drafter drafts in
             every round.
         padded_pricing: for "scheduled" / "async": price each verification forward as the rectangle it runs (every
             row padded to the widest: `scheduler.schedule_width`, `schedule_tree(padded=True)`), so the policy picks
@@ -576,7 +577,7 @@ def generate(
         attention = check_tree_attention(target, probe=True)
     branches = spec is not None and lookup is not None  # the lookup's continuation merged into each tree
     # lookup branches: rounds where the lookup alone is expected to do better skip the drafter (`DrafterGate`)
-    gate = DrafterGate() if branches and drafter_gate else None
+    gate = DrafterGate(cap=tree_max_nodes) if branches and drafter_gate else None
     # tokens per row of a verification forward (lookup branches: up to block_size more nodes)
     width_max = 1 + block_size + (spec.budget if spec is not None else 0) + (block_size if branches else 0)
     ragged = is_prepacked(target)
@@ -875,9 +876,10 @@ def generate(
             if drafting is not None and tree is not None:
                 growth.add(drafting.steps, drafting.step_seconds, tree_seconds - drafting.step_seconds)
         if gate is not None and width > 1 and (gated or chain_survival is not None):  # the gate's timings
+            emitted_rows = [row[:n] for row, n in zip(result.tokens.tolist(), result.num_new.tolist())]
             gate.observe(time.perf_counter() - round_start - one_time,
                          0.0 if gated else draft_seconds - gate_seconds,  # (the proposals: both kinds pay them)
-                         None if gated else chain_survival)
+                         None if gated else chain_survival, proposals=proposals, emitted=emitted_rows)
         if backoff.enabled:  # what the round actually cost and emitted, against the plain rounds' rate
             round_seconds = time.perf_counter() - round_start - one_time
             if block is None:

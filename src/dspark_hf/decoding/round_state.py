@@ -54,6 +54,7 @@ __all__ = [
     "ActiveRows",
     "RealizedGain",
     "DrafterGate",
+    "GateEvidence",
     "BranchBackoff",
     "ConfidenceHistory",
     "GrowthClock",
@@ -650,6 +651,29 @@ class ConfidenceHistory:
         where[old_rows] = torch.arange(len(old_rows))
         return self.valid[-2][where[rows]]
 
+    def survival_two_rounds_ago(self, rows: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """Two drafting rounds ago as node survivals and validity `[R, N]` (for `async_tree`), whichever kind of round
+        it was: a chain round's confidences become their prefix survival, every draft valid. None before two rounds."""
+        stale = self.two_rounds_ago(rows)
+        if stale is None:
+            return None
+        valid = self.valid_two_rounds_ago(rows)
+        if valid is None:  # (a chain-style round: a gated lookup-only round between tree rounds)
+            return prefix_survival(stale), torch.ones_like(stale, dtype=torch.bool)
+        return stale, valid
+
+    def confidences_two_rounds_ago(self, rows: torch.Tensor) -> torch.Tensor | None:
+        """Two drafting rounds ago as chain confidences `[R, K]` (for `async_lengths`), whichever kind of round it was:
+        a tree round's valid node survivals, best first per row, become the confidences of the chain they would be
+        (c_j = s_j / s_{j-1}; 0 past a row's last node). None before two rounds."""
+        stale = self.two_rounds_ago(rows)
+        valid = None if stale is None else self.valid_two_rounds_ago(rows)
+        if valid is None:
+            return stale
+        ranked = torch.where(valid, stale, torch.zeros_like(stale)).sort(dim=1, descending=True).values
+        previous = torch.cat([torch.ones_like(ranked[:, :1]), ranked[:, :-1]], dim=1)
+        return torch.where(previous > 0, ranked / previous.clamp_min(1e-12), torch.zeros_like(ranked)).clamp(0.0, 1.0)
+
     def two_rounds_ago(self, rows: torch.Tensor) -> torch.Tensor | None:
         """The confidences of two drafting rounds ago for `rows` (all active then: rows are only ever dropped), or
         None before there are two."""
@@ -821,7 +845,7 @@ class LengthPolicy:
         if self.name == "threshold":
             return threshold_lengths(conf, self.threshold)
         conf = self._conf(conf, lookup_only=not with_drafter)
-        stale = self.history.two_rounds_ago(rows) if self.name == "async" else None
+        stale = self.history.confidences_two_rounds_ago(rows) if self.name == "async" else None
         cost = self.clock.cost(self.sps, with_drafter=with_drafter, amortized=True)
         if stale is None:
             lengths = schedule_width(conf, cost) if self.padded else schedule_prefix(conf, cost)
@@ -844,15 +868,14 @@ class LengthPolicy:
         if self.name == "threshold":
             return threshold_tree(survival, valid, self.threshold)
         survival = self._tree_survival(tree, lookup_from)  # (a lookup branch: corrected by its own calibration)
-        stale = self.history.two_rounds_ago(rows) if self.name == "async" else None
+        stale = self.history.survival_two_rounds_ago(rows) if self.name == "async" else None
         growth = self.growth.cost()
         priced = dict(growth=growth, num_chain=tree.num_chain) if growth is not None else {}
         priced["padded"] = self.padded
         if stale is None:
             admitted = schedule_tree(survival, valid, self.clock.cost(self.sps, amortized=True), **priced)
         else:
-            admitted = async_tree(survival, valid, stale, self.history.valid_two_rounds_ago(rows),
-                                  self.clock.cost(self.sps, amortized=True), **priced)
+            admitted = async_tree(survival, valid, *stale, self.clock.cost(self.sps, amortized=True), **priced)
         if self.name == "async":
             self.history.push(survival, rows, valid)
         if self.calibration is not None and self.calibration.verified < len(rows):  # probing: depth 1 only
@@ -946,52 +969,126 @@ class LengthPolicy:
 
 
 @dataclass
+class GateEvidence:
+    """What the rounds of one lookup-strength bin did, for `DrafterGate` (running averages; None until observed).
+
+    Attributes:
+        drafted_seconds: a round's seconds when it ran the drafter.
+        lookup_seconds: a round's seconds when it verified the lookup's drafts alone.
+        lookup_tokens: per row, the drafts the lookup alone gets accepted (in a drafting round: its proposal's
+            longest prefix on the tokens the target emitted, which is what a lookup-only round would have accepted).
+        drafter_gain: per row, the accepted drafts a drafting round added to that (its accepted drafts minus the
+            lookup's alone; negative where the width cap dropped lookup nodes the target would have taken).
+        drafted_rounds: drafting rounds observed.
+    """
+
+    drafted_seconds: float | None = None
+    lookup_seconds: float | None = None
+    lookup_tokens: float | None = None
+    drafter_gain: float | None = None
+    drafted_rounds: int = 0
+
+
+def _lookup_alone(tokens: Sequence[int], emitted: Sequence[int], cap: int | None) -> int:
+    """Accepted drafts of a lookup proposal `tokens` verified alone (greedy), given what the target emitted this round
+    (`emitted`: accepted drafts then the target's next token): their longest common prefix, at most `cap`."""
+    n = 0
+    for proposed, actual in zip(tokens, emitted):
+        if proposed != actual:
+            break
+        n += 1
+    return n if cap is None else min(n, cap)
+
+
+@dataclass
 class DrafterGate:
     """Whether a round with lookup branches runs the drafter at all (`batched.generate(lookup=, tree_budget=)`).
 
-    Next to a lookup branch the drafter's nodes add accepted tokens only where the lookup's fail: with the lookup's
-    prefix survival s^L_j (known before drafting, from the sequence alone) and the drafter's typical chain survival
-    s^D_j (the average of its recent rounds' estimates), a round expects about sum_r sum_j s^D_j (1 - s^L_rj) more
-    tokens from the drafter (independence assumed; the two tend to fail at the same hard positions, so this
-    over-estimates the gain and errs towards drafting). The drafter costs its measured seconds d on top of a round's
-    other seconds T. It runs iff gain / (R + sum s^L) > d / T: more tokens per second with it than without. A round
-    that skips it verifies the lookup's drafts alone (a lookup-only round). Until both kinds of round have been timed
-    (and the drafter's survival seen) it always drafts.
+    Next to a lookup branch the drafter's nodes add accepted tokens only where the lookup's fail, and its forward and
+    wider verification cost time in every round. The gate decides from what rounds like this one *realized*: rounds
+    are binned by the lookup's expected accepted drafts per row (the sum of its proposal's prefix survival, known
+    before drafting from the sequence alone; bin edges `edges`), and per bin it keeps a drafting round's seconds
+    T_D, a lookup-only round's seconds T_L, the lookup's accepted drafts a per row and the drafter's extra ones g
+    (both measured in drafting rounds: under greedy verification the lookup alone would have accepted its
+    proposal's longest prefix on the emitted tokens, so a drafting round also tells what skipping it would have
+    accepted). The drafter runs iff it emits faster per row:
+
+        (1 + a + g) / T_D  >=  (1 + a) / T_L        (T_L = T_D - the drafter's seconds until a skip is timed).
+
+    Before a bin has `min_rounds` drafting rounds the prior decides: the drafter's typical chain survival s^D_j (its
+    recent rounds' estimates) and the lookup's s^L_j give an expected gain sum_r sum_j s^D_j (1 - s^L_rj)
+    (independence assumed, so it errs towards drafting) against the drafter's measured share of a round. A bin the
+    gate keeps skipping drafts again after `explore_every` skips in a row, so its evidence stays current. Rounds with
+    no lookup proposal at all always draft. A round that skips the drafter verifies the lookup's drafts alone (a
+    lookup-only round).
 
     Decided from past rounds and the lookup's deterministic proposals only. Lookup branches are greedy-only, where any
     such rule leaves the output the target's own.
 
     Attributes:
         decay: weight of a new observation in the running averages.
+        edges: bin edges on the lookup's expected accepted drafts per row.
+        min_rounds: drafting rounds a bin needs before its own evidence decides.
+        explore_every: a bin's consecutive skips after which the next round drafts anyway.
+        cap: the most nodes a round verifies (`tree_max_nodes`; None: no cap), for the lookup-alone counterfactual.
         drafter_seconds, other_seconds: running averages (None until observed).
         survival: `[K]` running average of the drafter's chain survival estimates (None until observed).
+        evidence: per bin, what its rounds realized (`GateEvidence`).
         skipped: rounds the gate took from the drafter (for records and tests).
     """
 
     decay: float = 0.3
+    edges: tuple[float, ...] = (0.5, 1.0, 2.0, 3.5)
+    min_rounds: int = 2
+    explore_every: int = 8
+    cap: int | None = None
     drafter_seconds: float | None = None
     other_seconds: float | None = None
     survival: torch.Tensor | None = None
+    evidence: dict[int, GateEvidence] = field(default_factory=dict)
     skipped: int = 0
+    _streak: dict[int, int] = field(default_factory=dict, repr=False)
 
     def _average(self, old: Any, new: Any) -> Any:
         return new if old is None else (1 - self.decay) * old + self.decay * new
 
+    def bin(self, proposals: Sequence[Any]) -> int:
+        """The bin of a round: where the lookup's expected accepted drafts per row fall among `edges`."""
+        expected = sum(sum(p.survival) for p in proposals) / max(1, len(proposals))
+        return sum(expected >= edge for edge in self.edges)
+
     def observe(self, round_seconds: float, drafter_seconds: float = 0.0,
-                chain_survival: torch.Tensor | None = None) -> None:
+                chain_survival: torch.Tensor | None = None, proposals: Sequence[Any] | None = None,
+                emitted: Sequence[Sequence[int]] | None = None) -> None:
         """A verifying round's seconds (one-time work excluded), of which `drafter_seconds` were the drafter's (0 for a
-        lookup-only round), and the drafter's chain survival estimates `[R, K]` when it drafted."""
+        lookup-only round), and the drafter's chain survival estimates `[R, K]` when it drafted. With the round's
+        lookup `proposals` and each row's `emitted` tokens (accepted drafts, then the target's next token) the bin of
+        the round learns what it realized (`GateEvidence`)."""
+        drafted = chain_survival is not None
         self.other_seconds = self._average(self.other_seconds, max(0.0, round_seconds - drafter_seconds))
-        if chain_survival is not None:
+        if drafted:
             self.drafter_seconds = self._average(self.drafter_seconds, drafter_seconds)
             mean = chain_survival.detach().float().cpu().mean(dim=0)
             self.survival = mean if self.survival is None or self.survival.shape != mean.shape else \
                 self._average(self.survival, mean)
+        if proposals is None or emitted is None or not proposals:
+            return
+        evidence = self.evidence.setdefault(self.bin(proposals), GateEvidence())
+        alone = [_lookup_alone(p.tokens, e, self.cap) for p, e in zip(proposals, emitted)]
+        rows = len(alone)
+        if drafted:
+            accepted = [max(0, len(e) - 1) for e in emitted]
+            evidence.drafted_seconds = self._average(evidence.drafted_seconds, round_seconds)
+            evidence.drafter_gain = self._average(evidence.drafter_gain,
+                                                  sum(a - b for a, b in zip(accepted, alone)) / rows)
+            evidence.drafted_rounds += 1
+        else:  # (what it verified and accepted: the emitted bonus token may match the proposal beyond that)
+            alone = [min(a, max(0, len(e) - 1)) for a, e in zip(alone, emitted)]
+            evidence.lookup_seconds = self._average(evidence.lookup_seconds, round_seconds)
+        evidence.lookup_tokens = self._average(evidence.lookup_tokens, sum(alone) / rows)
 
-    def runs_drafter(self, proposals: Sequence[Any]) -> bool:
-        """Whether this round should run the drafter, given each row's lookup proposal (`LookupProposal`)."""
-        if self.drafter_seconds is None or self.other_seconds is None or self.survival is None:
-            return True
+    def _prior(self, proposals: Sequence[Any]) -> bool:
+        """The independence estimate (before a bin has evidence of its own)."""
         k = self.survival.shape[0]
         lookup = torch.zeros(len(proposals), k)
         for r, proposal in enumerate(proposals):
@@ -1000,7 +1097,31 @@ class DrafterGate:
                 lookup[r, : len(s)] = torch.tensor(s)
         gain = float((self.survival[None, :] * (1.0 - lookup)).sum())
         base = len(proposals) + float(lookup.sum())
-        if gain * self.other_seconds > base * self.drafter_seconds:
+        return gain * self.other_seconds > base * self.drafter_seconds
+
+    def runs_drafter(self, proposals: Sequence[Any]) -> bool:
+        """Whether this round should run the drafter, given each row's lookup proposal (`LookupProposal`)."""
+        if self.drafter_seconds is None or self.other_seconds is None or self.survival is None:
+            return True
+        if not any(p.tokens for p in proposals):
+            return True  # (a lookup-only round would be a plain step)
+        b = self.bin(proposals)
+        evidence = self.evidence.get(b)
+        if evidence is not None and evidence.drafted_rounds >= self.min_rounds:
+            t_draft = evidence.drafted_seconds
+            t_lookup = evidence.lookup_seconds
+            if t_lookup is None:
+                t_lookup = max(1e-9, t_draft - self.drafter_seconds)
+            a, g = evidence.lookup_tokens, evidence.drafter_gain
+            runs = (1.0 + a + g) * t_lookup >= (1.0 + a) * t_draft
+        else:
+            runs = self._prior(proposals)
+        if runs:
+            self._streak[b] = 0
+            return True
+        self._streak[b] = self._streak.get(b, 0) + 1
+        if self._streak[b] > self.explore_every:  # refresh the bin's drafting evidence
+            self._streak[b] = 0
             return True
         self.skipped += 1
         return False
