@@ -35,8 +35,30 @@ machine needs no tokenizer).
     # 3. here: reassemble what came back and list it
     python scripts/gpu_train_drafters.py unpack --files <the folder the files came back to> --dest /work/runs/gpu-drafters
 
+The next lease (planned, not yet run): answer the rest of `data/train_prompts_20k.jsonl` on the GPU first, then train
+ONE drafter on everything, alone on the GPU (three side by side shared it in the first lease). Here, add to step 1:
+
+    python scripts/gpu_train_drafters.py prepare --target smollm2-135m-instruct --out .gpu --part-mb 39.5 \
+        --generate-prompts data/train_prompts_20k.jsonl --generate-skip data/smollm2-135m-20k
+    #    -> .gpu/generate.jsonl.gz: the 16,991 prompts unanswered on 2026-12-05 as token ids, 1.0 MB
+
+and make call 2 (carry .gpu/target.gguf.part01 .gpu/target.gguf.part02 .gpu/manifest.json .gpu/generate.jsonl.gz):
+
+    PYTHONPATH=/tmp/site:src python3 scripts/gpu_train_drafters.py run --manifest .gpu/manifest.json \
+        --parts /tmp/dspark-parts .gpu --generate .gpu/generate.jsonl.gz --generate-seconds 220 \
+        --generate-batch-size 512 --data data/smollm2-135m-20k,data/smollm2-135m-12k,data/smollm2-135m \
+        --runs dspark-2l --budget 600 --hard-stop 570 --eval-every 400 --out "$OUT" --work /tmp/dspark-work
+    #    generation stops starting batches after 220 s; training gets what is left before the hard stop (the budget
+    #    is cut to it, with a line saying so); the answers come back first in drafters.tar, and
+    python scripts/gpu_train_drafters.py unpack --files <folder> --dest /work/runs/gpu-drafters \
+        --data-dest data/smollm2-135m-20k-gpu
+    #    puts them in a new data folder (its manifest records the GPU as the device; greedy float32 answers, which
+    #    can differ from the CPU's where two logits nearly tie).
+
 `run`, in order, writing `summary.json` / `summary.md` to `--out` after every phase (a call cut short still returns
-what finished): assemble the GGUF (sha256 checked), convert it to a float32 folder and check the fingerprint, start
+what finished): assemble the GGUF (sha256 checked), convert it to a float32 folder and check the fingerprint, with
+`--generate` let the target answer those prompt ids for at most `--generate-seconds` (`generate_responses`, which
+takes token ids in place of chat messages; the shards are resumable, so a second call goes on), start
 one worker process per run (`worker`, same script) that trains with `DSparkTrainer` for `--budget` seconds of wall
 time (`time_budget_seconds`: max_steps is re-planned from the measured pace so the wsd decay ends on time; bf16
 autocast on a GPU; held-out tau every `--eval-every` steps), then packs each run's final drafter (weights in bf16,
@@ -49,6 +71,7 @@ runs all three commands on tiny random models).
 from __future__ import annotations
 
 import argparse
+import gzip
 import hashlib
 import json
 import os
@@ -63,8 +86,12 @@ from typing import Any
 MANIFEST_FORMAT = "dspark-gpu-train/1"
 PART_PREFIX = "target.gguf.part"
 PACK_NAME = "drafters.tar"
+GENERATE_FILE = "generate.jsonl.gz"
+GENERATED_NAME = "generated-data"  # the answers a lease generated, first in drafters.tar
 PACK_PART_BYTES = 15 * 1024 * 1024
 RETURN_LIMIT_BYTES = 60 * 1024 * 1024  # the lease returns 64 MiB: leave room for the summaries
+PACK_MARGIN_SECONDS = 30.0  # after training: export, pack, write the summary
+MIN_TRAIN_SECONDS = 30.0  # less than this left after generation: no training
 
 # The runs: the release recipe (examples/configs/smollm2-135m-dspark-long.yaml) scaled to a GPU batch. `dflash` is the
 # baseline at the same budget (no sequential or confidence head, CE only); `dspark-2l` adds a second draft layer.
@@ -155,10 +182,41 @@ def prepare(args: argparse.Namespace) -> int:
                 "eval_prompts": str(args.eval_prompts), "eval_prompt_ids": ids,
                 # every held-out prompt's id (not only the evaluated ones): kept out of training
                 "exclude_ids": sorted({str(p["id"]) for p in prompts if p.get("id") is not None})}
+    if args.generate_prompts:
+        manifest["generate"] = _prepare_generation(args, tokenizer, set(manifest["exclude_ids"]), out)
     _atomic_write(out / "manifest.json", json.dumps(manifest))
     print(f"{out}: {len(names)} parts of <= {args.part_mb} MB, {len(ids)} held-out prompts, "
-          f"fingerprint {manifest['fingerprint'][:16]}")
+          f"fingerprint {manifest['fingerprint'][:16]}"
+          + (f", {manifest['generate']['prompts']} prompts to answer in {GENERATE_FILE}" if args.generate_prompts
+             else ""))
     return 0
+
+
+def _prepare_generation(args: argparse.Namespace, tokenizer: Any, heldout: set[str], out: Path) -> dict[str, Any]:
+    """`out/generate.jsonl.gz`: the training prompts still unanswered (not in any `--generate-skip` folder, never a
+    held-out id) as chat-templated token ids, so the GPU machine answers them with no tokenizer."""
+    from dspark_hf.training.data import chat_prompt_ids, read_examples
+    from dspark_hf.training.prompts import read_prompts_jsonl
+
+    rows, _ = read_prompts_jsonl(args.generate_prompts, on_error="raise")
+    answered: set[str] = set()
+    for folder in [f for f in args.generate_skip.split(",") if f]:
+        if not Path(folder).is_dir():
+            raise InputError(f"--generate-skip folder {folder} not found")
+        answered |= {e.id for e in read_examples(folder)}
+    todo = [r for r in rows if str(r["id"]) not in answered and str(r["id"]) not in heldout]
+    if not todo:
+        raise InputError(f"every prompt of {args.generate_prompts} is answered already or held out: nothing to generate")
+    lines = [json.dumps({"id": str(r["id"]), "source": str(r.get("source", "")),
+                         "prompt_ids": chat_prompt_ids(tokenizer, r["messages"], args.generate_max_prompt_tokens)},
+                        separators=(",", ":")) for r in todo]
+    tmp = out / f".{GENERATE_FILE}.tmp"
+    with gzip.open(tmp, "wt") as handle:
+        handle.write("\n".join(lines) + "\n")
+    tmp.replace(out / GENERATE_FILE)
+    return {"file": GENERATE_FILE, "prompts": len(todo), "sha256": _sha256_file(out / GENERATE_FILE),
+            "source": str(args.generate_prompts), "left_out": len(rows) - len(todo),
+            "max_prompt_tokens": args.generate_max_prompt_tokens}
 
 
 # ---------------------------------------------------------------------------------------------- run (GPU machine)
@@ -273,12 +331,14 @@ def _pack(exports: list[tuple[str, Path]], out: Path, work: Path, summary: Summa
     with tarfile.open(tmp, "w") as tar:
         for name, folder in exports:
             size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            record = summary.data["runs"].setdefault(name, {}) if name != GENERATED_NAME else \
+                summary.data.setdefault("generated", {})
             if total + size > RETURN_LIMIT_BYTES:
-                summary.data["runs"].setdefault(name, {})["packed"] = f"no (would exceed {RETURN_LIMIT_BYTES} B)"
+                record["packed"] = f"no (would exceed {RETURN_LIMIT_BYTES} B)"
                 continue
             tar.add(folder, arcname=name)
             total += size
-            summary.data["runs"].setdefault(name, {})["packed"] = f"yes ({size / 1e6:.1f} MB)"
+            record["packed"] = f"yes ({size / 1e6:.1f} MB)"
     data = tmp.read_bytes()
     tmp.unlink()
     for i in range(0, len(data), PACK_PART_BYTES):
@@ -286,6 +346,52 @@ def _pack(exports: list[tuple[str, Path]], out: Path, work: Path, summary: Summa
     summary.data["pack"] = {"bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
                             "parts": (len(data) + PACK_PART_BYTES - 1) // PACK_PART_BYTES}
     summary.write()
+
+
+def _generate(args: argparse.Namespace, manifest: dict, target_dir: Path, work: Path, summary: Summary) -> Path | None:
+    """The target answers the prompt ids of `--generate` (greedy, the CPU recipe's 256 new tokens) for at most
+    `--generate-seconds`, into `work/generated` (gzip shards, resumable: a second call goes on where the first
+    stopped). Returns the folder, or None when nothing was answered."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from dspark_hf.training.data import GenerationRecipe, generate_responses, read_examples
+
+    path = Path(args.generate)
+    if not path.is_file():
+        raise InputError(f"--generate file {path} not found")
+    expected = (manifest.get("generate") or {}).get("sha256")
+    if expected and _sha256_file(path) != expected:
+        raise InputError(f"{path} differs from the file the manifest names (sha256): prepare both in one go")
+    with gzip.open(path, "rt") as handle:
+        prompts = [json.loads(line) for line in handle if line.strip()]
+    heldout = set(manifest.get("exclude_ids", []))
+    prompts = [q for q in prompts if str(q["id"]) not in heldout]
+    device = torch.device(args.device)
+    began = time.perf_counter()
+    target = AutoModelForCausalLM.from_pretrained(target_dir, dtype=torch.float32).to(device).eval()
+    out_dir = work / "generated"
+    recipe = GenerationRecipe(max_new_tokens=args.generate_max_new_tokens, batch_size=args.generate_batch_size,
+                              shard_size=4 * args.generate_batch_size, compress=True,
+                              max_prompt_tokens=(manifest.get("generate") or {}).get("max_prompt_tokens", 512))
+    error = None
+    try:
+        generate_responses(target, None, prompts, out_dir, recipe, progress=False,
+                           max_seconds=max(0.0, args.generate_seconds - (time.perf_counter() - began)))
+    except Exception as err:  # noqa: BLE001 - the shards written so far are kept; training goes on without the rest
+        error = f"{type(err).__name__}: {err}"
+        print(f"generation stopped by an error: {error}", flush=True)
+    finally:
+        del target
+        if device.type == "cuda":
+            torch.cuda.empty_cache()
+    examples = read_examples(out_dir) if list(out_dir.glob("data-*.jsonl*")) else []
+    answer_tokens = sum(sum(e.loss_mask) for e in examples)
+    seconds = time.perf_counter() - began
+    summary.phase("generate", prompts=len(prompts), answered=len(examples), answer_tokens=answer_tokens,
+                  seconds=round(seconds, 1), answer_tokens_per_s=round(answer_tokens / max(seconds, 1e-9)),
+                  batch_size=args.generate_batch_size, **({"error": error} if error else {}))
+    return out_dir if examples else None
 
 
 def run(args: argparse.Namespace) -> int:
@@ -327,21 +433,31 @@ def run(args: argparse.Namespace) -> int:
     if fingerprint != manifest["fingerprint"] and not args.allow_other_target:
         raise InputError(f"the converted target's weights differ from the CPU's (fingerprint {fingerprint[:16]} vs "
                          f"{manifest['fingerprint'][:16]}): a drafter trained here would fit another model")
+    generated = _generate(args, manifest, target_dir, work, summary) if args.generate else None
+    data = ",".join(([str(generated)] if generated else []) + [args.data])
+    budget = args.budget
+    room = args.hard_stop - (time.perf_counter() - summary.start) - PACK_MARGIN_SECONDS
+    if runs and room < budget:
+        budget = room
+        print(f"training budget cut to {budget:.0f} s so the runs end before --hard-stop", flush=True)
+        if budget < MIN_TRAIN_SECONDS:
+            summary.phase("train skipped", reason=f"{budget:.0f} s left before --hard-stop")
+            runs = []
     procs = {}
     for name in runs:
         run_dir = work / name
         shutil.rmtree(run_dir, ignore_errors=True)
         run_dir.mkdir(parents=True)
         cmd = [sys.executable, os.path.abspath(__file__), "worker", "--name", name, "--target-dir", str(target_dir),
-               "--manifest", str(args.manifest), "--data", args.data, "--run-dir", str(run_dir),
-               "--budget", str(args.budget), "--device", args.device, "--batch-size", str(args.batch_size),
+               "--manifest", str(args.manifest), "--data", data, "--run-dir", str(run_dir),
+               "--budget", str(budget), "--device", args.device, "--batch-size", str(args.batch_size),
                "--num-anchors", str(args.num_anchors), "--learning-rate", str(args.learning_rate),
                "--eval-every", str(args.eval_every), "--save-every", str(args.save_every),
                "--max-steps", str(args.max_steps)]
         log = open(run_dir / "worker.log", "w")
         procs[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ,
                                         "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(args.threads)}), log)
-    summary.phase("workers started", runs=runs)
+    summary.phase("workers started", runs=runs, data=data, budget_seconds=round(budget))
     hard_stop = summary.start + args.hard_stop
     last_report = 0.0
     while any(p.poll() is None for p, _ in procs.values()):
@@ -370,7 +486,7 @@ def run(args: argparse.Namespace) -> int:
         codes[name] = p.wait()
         log.close()
     summary.phase("workers done", exit_codes=codes)
-    exports = []
+    exports = [(GENERATED_NAME, generated)] if generated else []
     for name in runs:
         summary.data["runs"][name] = _run_record(work / name)
         exported = _export(work / name, work / "export" / name)
@@ -467,11 +583,19 @@ def smoke(args: argparse.Namespace) -> int:
     manifest = {"format": MANIFEST_FORMAT, "fingerprint": tensor_fingerprint(work / "target"), "parts": [],
                 "eval_prompt_ids": [torch.randint(4, 512, (12,), generator=g).tolist() for _ in range(4)],
                 "exclude_ids": ["s0"]}
+    prompts = [json.dumps({"id": f"g{i}", "source": "smoke", "prompt_ids": torch.randint(
+        4, 512, (8 + i % 5,), generator=g).tolist()}) for i in range(24)] + [json.dumps(
+        {"id": "s1", "prompt_ids": [5, 6, 7]})]  # a held-out id: never answered
+    with gzip.open(work / GENERATE_FILE, "wt") as handle:
+        handle.write("\n".join(prompts) + "\n")
+    manifest["exclude_ids"] = ["s0", "s1"]
     _atomic_write(work / "manifest.json", json.dumps(manifest))
     return main(["run", "--manifest", str(work / "manifest.json"), "--target-dir", str(work / "target"),
                  "--data", str(work / "data"), "--runs", args.runs, "--out", args.out, "--work", str(work / "run"),
                  "--budget", str(args.budget), "--batch-size", "8", "--num-anchors", "16", "--eval-every", "10",
-                 "--save-every", "15", "--report-every", "5", "--device", args.device])
+                 "--save-every", "15", "--report-every", "5", "--device", args.device, "--generate",
+                 str(work / GENERATE_FILE), "--generate-seconds", "60", "--generate-batch-size", "8",
+                 "--generate-max-new-tokens", "24"])
 
 
 # ---------------------------------------------------------------------------------------------- unpack (here)
@@ -499,6 +623,17 @@ def unpack(args: argparse.Namespace) -> int:
         shutil.copy2(summary_path, tmp / "summary.json")
         if (summary_path.parent / "summary.md").exists():
             shutil.copy2(summary_path.parent / "summary.md", tmp / "summary.md")
+    if args.data_dest:
+        data_dest = Path(args.data_dest)
+        if not (tmp / GENERATED_NAME).is_dir():
+            shutil.rmtree(tmp)
+            raise InputError(f"--data-dest given, but the archive holds no {GENERATED_NAME}/ (the lease generated none)")
+        if data_dest.exists():
+            shutil.rmtree(tmp)
+            raise InputError(f"{data_dest} exists: pick a new folder (nothing was unpacked)")
+        data_dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(tmp / GENERATED_NAME), str(data_dest))
+        print(f"{data_dest}: {len(list(data_dest.glob('data-*.jsonl*')))} shards")
     if dest.exists():
         shutil.rmtree(dest)
     tmp.rename(dest)
@@ -519,11 +654,22 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     pr.add_argument("--eval-num-prompts", type=int, default=24)
     pr.add_argument("--part-mb", type=float, default=44.0, help="size of each GGUF part in MiB")
     pr.add_argument("--out", default=".gpu")
+    pr.add_argument("--generate-prompts", help="JSONL of training prompts for the GPU to answer first: those still "
+                    f"unanswered go to OUT/{GENERATE_FILE} as token ids")
+    pr.add_argument("--generate-skip", default="", help="comma-separated data folders: prompts they answered already "
+                    "are left out of the generation file")
+    pr.add_argument("--generate-max-prompt-tokens", type=int, default=512, help="keep the last N prompt tokens "
+                    "(`dspark-hf data`'s default)")
     r = sub.add_parser("run", help="on the GPU machine: assemble, convert, train the runs side by side, pack")
     r.add_argument("--manifest", required=True)
     r.add_argument("--parts", nargs="*", default=[], help="folders holding the GGUF parts")
     r.add_argument("--target-dir", help="an already converted target folder (instead of GGUF parts)")
     r.add_argument("--allow-other-target", action="store_true", help="train even if the fingerprint differs")
+    r.add_argument("--generate", help=f"a {GENERATE_FILE} from `prepare --generate-prompts`: the target answers "
+                   "it first, and the runs train on those answers too (listed first)")
+    r.add_argument("--generate-seconds", type=float, default=240.0, help="wall seconds of answering at most")
+    r.add_argument("--generate-batch-size", type=int, default=256)
+    r.add_argument("--generate-max-new-tokens", type=int, default=256)
     for q in (r,):
         q.add_argument("--data", default="data/smollm2-135m-12k,data/smollm2-135m")
         q.add_argument("--runs", default="dspark,dflash,dspark-2l")
@@ -557,6 +703,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     u = sub.add_parser("unpack", help="here: reassemble drafters.tar from the returned parts and extract it")
     u.add_argument("--files", required=True, help="the folder the lease's files came back to")
     u.add_argument("--dest", required=True)
+    u.add_argument("--data-dest", help=f"move the lease's generated answers ({GENERATED_NAME}/) to this new folder, "
+                   "e.g. data/smollm2-135m-20k-gpu")
     return p.parse_args(argv)
 
 

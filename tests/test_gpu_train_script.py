@@ -125,6 +125,81 @@ def test_smoke_runs_every_preset_on_a_tiny_target(tmp_path):
                         "--device", "cpu"]) == 0
     summary = json.loads((out / "summary.json").read_text())
     assert set(summary["runs"]) == {"dspark", "dflash", "dspark-2l"}
+    assert summary["phases"]["generate"]["answered"] == 24  # the held-out id among the 25 prompts is not answered
+    assert summary["generated"]["packed"].startswith("yes")
     for run in summary["runs"].values():
-        assert run["worker"]["ok"] and run["worker"]["excluded_heldout_examples"] == 1
+        assert run["worker"]["ok"] and run["worker"]["excluded_heldout_examples"] == 2  # s0, s1
         assert run["packed"].startswith("yes") and run["heldout_tau"]
+
+
+def test_prepare_lists_the_unanswered_prompts_as_ids_and_run_answers_them_before_training(lease):
+    import gzip
+
+    from dspark_hf.training.data import GenerationRecipe, chat_prompt_ids, generate_responses, read_examples
+
+    script = _script()
+    tok = make_tokenizer()
+    train = [{"id": f"t{i}", "messages": [{"role": "user", "content": f"w{30 + i} w{40 + i}"}], "source": "s"}
+             for i in range(6)] + [{"id": "p0", "messages": [{"role": "user", "content": "w7"}]}]  # p0 is held out
+    (lease / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
+    answered = lease / "answered"
+    answered.mkdir()
+    (answered / "data-00000.jsonl").write_text(json.dumps({"id": "t0", "input_ids": [1, 2], "loss_mask": [0, 1]}) + "\n")
+    rc = script.main(["prepare", "--target", str(lease / "target"), "--gguf", str(lease / "fake.gguf"),
+                      "--eval-prompts", str(lease / "prompts.jsonl"), "--eval-num-prompts", "2",
+                      "--part-mb", "1", "--out", str(lease / "gpu"), "--generate-prompts", str(lease / "train.jsonl"),
+                      "--generate-skip", str(answered)])
+    assert rc == 0
+    manifest = json.loads((lease / "gpu" / "manifest.json").read_text())
+    assert manifest["generate"]["prompts"] == 5 and manifest["generate"]["left_out"] == 2
+    with gzip.open(lease / "gpu" / "generate.jsonl.gz", "rt") as handle:
+        rows = [json.loads(line) for line in handle]
+    assert [r["id"] for r in rows] == [f"t{i}" for i in range(1, 6)]
+    assert rows[0]["prompt_ids"] == chat_prompt_ids(tok, train[1]["messages"])
+
+    # generation only: a --hard-stop that leaves no time to train skips the runs and still returns the answers
+    out = lease / "OUT"
+    rc = script.main(["run", "--manifest", str(lease / "gpu" / "manifest.json"), "--target-dir", str(lease / "target"),
+                      "--data", str(lease / "data"), "--runs", "dspark", "--out", str(out), "--work",
+                      str(lease / "work"), "--device", "cpu", "--generate", str(lease / "gpu" / "generate.jsonl.gz"),
+                      "--generate-batch-size", "2", "--generate-max-new-tokens", "6", "--hard-stop", "5"])
+    assert rc == 0
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["phases"]["generate"]["answered"] == 5 and "train skipped" in summary["phases"]
+    assert script.main(["unpack", "--files", str(out), "--dest", str(lease / "back"),
+                        "--data-dest", str(lease / "data-gpu")]) == 0
+    got = read_examples(lease / "data-gpu")
+    # the same answers the CPU path gives from the messages, with the tokenizer
+    target = make_target("llama")
+    target.generation_config.pad_token_id = 0
+    generate_responses(target, tok, train[1:6], lease / "reference", GenerationRecipe(max_new_tokens=6, batch_size=2),
+                       progress=False)
+    assert sorted(e.to_json() for e in got) == sorted(e.to_json() for e in read_examples(lease / "reference"))
+    assert script.main(["unpack", "--files", str(out), "--dest", str(lease / "back2"),
+                        "--data-dest", str(lease / "data-gpu")]) == 2  # never over an existing folder
+    assert not (lease / "back2").exists()
+
+    # with time to train, the runs train on the generated answers too (listed first)
+    rc = script.main(["run", "--manifest", str(lease / "gpu" / "manifest.json"), "--target-dir", str(lease / "target"),
+                      "--data", str(lease / "data"), "--runs", "dspark", "--out", str(lease / "OUT2"), "--work",
+                      str(lease / "work"), "--device", "cpu", "--generate", str(lease / "gpu" / "generate.jsonl.gz"),
+                      "--generate-batch-size", "2", "--generate-max-new-tokens", "6", "--budget", "3",
+                      "--batch-size", "4", "--num-anchors", "8", "--eval-every", "1000", "--threads", "1"])
+    assert rc == 0
+    summary = json.loads((lease / "OUT2" / "summary.json").read_text())
+    assert summary["phases"]["workers started"]["data"].split(",") == [str(lease / "work" / "generated"),
+                                                                        str(lease / "data")]
+    from dspark_hf.training.trainer import split_examples
+
+    both = [e for e in read_examples([lease / "work" / "generated", lease / "data"])
+            if e.id not in set(manifest["exclude_ids"])]
+    assert len(both) == 65  # 60 learnable examples + the 5 answers
+    assert summary["runs"]["dspark"]["worker"]["train_examples"] == len(split_examples(both, 0.02)[0])
+
+    # a generation file that is not the one the manifest names is refused
+    with gzip.open(lease / "gpu" / "generate.jsonl.gz", "at") as handle:
+        handle.write(json.dumps({"id": "x", "prompt_ids": [3]}) + "\n")
+    assert script.main(["run", "--manifest", str(lease / "gpu" / "manifest.json"), "--target-dir",
+                        str(lease / "target"), "--data", str(lease / "data"), "--runs", "", "--out",
+                        str(lease / "OUT3"), "--work", str(lease / "work3"), "--device", "cpu",
+                        "--generate", str(lease / "gpu" / "generate.jsonl.gz")]) == 2

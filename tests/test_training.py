@@ -110,6 +110,63 @@ def test_generate_responses_is_resumable_and_masks_the_answer(tmp_path):
         summarize_data(tmp_path / "nothing")
 
 
+def test_prompts_given_as_token_ids_are_answered_without_a_tokenizer_exactly_as_from_messages(tmp_path):
+    target = make_target("llama")
+    tok = make_tokenizer()
+    prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"w{10 + i} w{30 - i}"}], "source": "t"}
+               for i in range(5)]
+    recipe = GenerationRecipe(max_new_tokens=6, batch_size=2, shard_size=2)
+    generate_responses(target, tok, prompts, tmp_path / "text", recipe, progress=False)
+    as_ids = []
+    for p in prompts:
+        ids = tok.apply_chat_template(p["messages"], tokenize=True, add_generation_prompt=True)
+        as_ids.append({"id": p["id"], "source": "t", "prompt_ids": list(ids["input_ids"] if hasattr(ids, "keys") else ids)})
+    target.generation_config.pad_token_id = tok.pad_token_id
+    generate_responses(target, None, as_ids, tmp_path / "ids", recipe, progress=False)
+    assert [e.to_json() for e in read_examples(tmp_path / "ids")] == [e.to_json() for e in read_examples(tmp_path / "text")]
+    with pytest.raises(ValueError, match="needs the target's tokenizer"):
+        generate_responses(target, None, prompts, tmp_path / "none", recipe, progress=False)
+    with pytest.raises(ValueError, match="empty prompt_ids"):
+        generate_responses(target, None, [{"id": "e", "prompt_ids": []}], tmp_path / "empty", recipe, progress=False)
+
+
+def test_max_seconds_stops_between_batches_keeps_what_was_answered_and_a_rerun_finishes(tmp_path, monkeypatch):
+    import time as time_module
+
+    target = make_target("llama")
+    tok = make_tokenizer()
+    prompts = [{"id": f"p{i}", "messages": [{"role": "user", "content": f"w{10 + i}"}]} for i in range(7)]
+    recipe = GenerationRecipe(max_new_tokens=4, batch_size=2, shard_size=4)
+    clock = iter([0.0, 0.0, 5.0, 11.0] + [100.0] * 50)  # start, batch 1 at 0 s, batch 2 at 5 s, batch 3 at 11 s
+    monkeypatch.setattr(time_module, "perf_counter", lambda: next(clock))
+    generate_responses(target, tok, prompts, tmp_path, recipe, progress=False, max_seconds=10)
+    assert len(read_examples(tmp_path)) == 4  # two batches of 2, then the clock passed 10 s
+    monkeypatch.undo()
+    generate_responses(target, tok, prompts, tmp_path, recipe, progress=False, max_seconds=1e9)
+    assert sorted(e.id for e in read_examples(tmp_path)) == [f"p{i}" for i in range(7)]
+    full = tmp_path / "full"
+    generate_responses(target, tok, prompts, full, recipe, progress=False)
+    assert sorted(e.to_json() for e in read_examples(tmp_path)) == sorted(e.to_json() for e in read_examples(full))
+
+
+def test_data_cli_passes_max_seconds_and_the_recipe(monkeypatch, tmp_path):
+    from dspark_hf import cli
+    from dspark_hf.training import data as data_module
+
+    seen = {}
+
+    def fake_build(target, prompts, out, recipe, **kwargs):
+        seen.update(target=target, recipe=recipe, **kwargs)
+        return data_module.DataBuild(Path(out))
+
+    monkeypatch.setattr(data_module, "build_training_data", fake_build)
+    cli._data(["--target", "t", "--prompts", "p.jsonl", "--out", str(tmp_path), "--max-seconds", "90",
+               "--batch-size", "64", "--compress"])
+    assert seen["max_seconds"] == 90.0 and seen["recipe"].batch_size == 64 and seen["recipe"].compress
+    cli._data(["--target", "t", "--prompts", "p.jsonl", "--out", str(tmp_path)])
+    assert seen["max_seconds"] is None
+
+
 def test_missing_chat_template_is_a_clear_error(tmp_path):
     target = make_target("llama")
     with pytest.raises(ValueError, match="chat template"):

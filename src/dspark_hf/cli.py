@@ -147,6 +147,9 @@ def _data(argv: list[str]) -> None:
     parser.add_argument("--shard-size", type=int, default=256, help="prompts per shard (the unit of resumption)")
     parser.add_argument("--compress", action="store_true", help="gzip the shards (data-*.jsonl.gz)")
     parser.add_argument("--report", help="also write a Markdown summary of the data folder to this file")
+    parser.add_argument("--max-seconds", type=float,
+                        help="stop starting new batches after this many seconds of wall time; what was answered is "
+                             "kept and the same command resumes with the rest")
     parser.add_argument("--no-prepack", dest="prepack", action="store_false",
                         help="keep PyTorch's own CPU linears (by default a CPU target in float32/bfloat16 runs with "
                              "its linear weights packed once for oneDNN: 1.89x the answer tokens/s of SmolLM2 at "
@@ -159,7 +162,8 @@ def _data(argv: list[str]) -> None:
                               seed=args.seed, max_prompt_tokens=args.max_prompt_tokens, shard_size=args.shard_size,
                               compress=args.compress)
     built = build_training_data(args.target, args.prompts, args.out, recipe, limit=args.limit,
-                                on_error=args.on_error, report=args.report, prepack=args.prepack)
+                                on_error=args.on_error, report=args.report, prepack=args.prepack,
+                                max_seconds=args.max_seconds)
     print(built.out_dir)
     if built.summary is not None:
         print(built.summary)

@@ -2,7 +2,8 @@
 
 * `generate_responses`: prompts (chat messages) -> the target's own answers, through its chat template, in batches,
   with recorded sampling settings; resumable (finished prompt ids are skipped on restart), written as JSONL shards
-  that are each renamed into place only when complete, with a manifest of the recipe.
+  that are each renamed into place only when complete, with a manifest of the recipe; prompts may come as token ids
+  (`prompt_ids`) for a machine without the tokenizer, and `max_seconds` bounds one call's wall time.
 * `TokenizedExample`: `input_ids` = prompt + answer, `loss_mask` = 1 on the answer's tokens (EOS included).
 * `sample_anchors`: anchor positions p where token p and p+1 are both inside the loss mask; slot k of the block
   anchored at p predicts token p + k + 1 and is supervised while every label up to it is inside the mask
@@ -191,12 +192,22 @@ def generate_responses(
     out_dir: str | Path,
     recipe: GenerationRecipe | None = None,
     progress: bool = True,
+    max_seconds: float | None = None,
 ) -> Path:
     """Lets `target` answer `prompts` ({"id", "messages", "source"?}) and writes tokenized examples to `out_dir`.
 
     Resumable: ids already present in finished shards are skipped. Each shard is written to a temporary file and
     renamed when complete; the manifest records the recipe, the target and provenance.
+
+    A prompt may carry `prompt_ids` instead of `messages`: token ids already through the chat template (a machine
+    without the tokenizer, e.g. a GPU lease, answers prompts tokenized elsewhere); `tokenizer` may then be None, and
+    the padding id comes from the target's generation config (its EOS when it has none). `max_seconds` stops
+    starting new batches once that much wall time has passed; what was answered is written (the last shard may be
+    short) and a re-run resumes with the rest.
     """
+    import time
+
+    began = time.perf_counter()
     recipe = recipe or GenerationRecipe()
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -211,8 +222,28 @@ def generate_responses(
         "recipe": asdict(recipe), "target": getattr(target.config, "_name_or_path", ""),
         "num_prompts": len(prompts), "provenance": provenance(target.device),
     })
-    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     eos_ids = target.generation_config.eos_token_id
+    eos_list = [] if eos_ids is None else (list(eos_ids) if isinstance(eos_ids, (list, tuple)) else [eos_ids])
+    if tokenizer is not None:
+        pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    else:
+        if any("prompt_ids" not in p for p in todo):
+            raise ValueError("generate_responses needs the target's tokenizer for prompts given as `messages`; "
+                             "only prompts carrying `prompt_ids` can be answered without one")
+        pad_id = target.generation_config.pad_token_id
+        pad_id = pad_id if pad_id is not None else (eos_list[0] if eos_list else None)
+        if pad_id is None:
+            raise ValueError("the target's generation config names neither a pad nor an EOS token id, and no "
+                             "tokenizer was given to take the padding id from")
+
+    def ids_of(p: dict[str, Any]) -> list[int]:
+        if "prompt_ids" in p:
+            ids = [int(t) for t in p["prompt_ids"]]
+            if not ids:
+                raise ValueError(f"prompt {p['id']!r} has empty prompt_ids")
+            return ids[-recipe.max_prompt_tokens:] if recipe.max_prompt_tokens else ids
+        return chat_prompt_ids(tokenizer, p["messages"], recipe.max_prompt_tokens)
+
     bar = None
     if progress:
         from tqdm.auto import tqdm
@@ -221,10 +252,15 @@ def generate_responses(
     pending: list[TokenizedExample] = []
     # Batches of similar prompt length: a batch is left-padded to its longest prompt, so mixing 30-token chat
     # prompts with 500-token code listings would multiply the prefill cost. Stable sort: ties keep the file order.
-    lengths = {str(p["id"]): len(chat_prompt_ids(tokenizer, p["messages"], recipe.max_prompt_tokens)) for p in todo}
+    lengths = {str(p["id"]): len(ids_of(p)) for p in todo}
     todo = sorted(todo, key=lambda p: lengths[str(p["id"])])
+    answered = 0
     for batch in _batches(todo, recipe.batch_size):
-        rows = [chat_prompt_ids(tokenizer, p["messages"], recipe.max_prompt_tokens) for p in batch]
+        if max_seconds is not None and time.perf_counter() - began >= max_seconds:
+            logger.warning(f"stopped after {time.perf_counter() - began:.0f} s (max_seconds={max_seconds}): "
+                           f"{answered} of {len(todo)} prompts answered in this call, the rest left for a re-run")
+            break
+        rows = [ids_of(p) for p in batch]
         width = max(map(len, rows))
         input_ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], device=target.device)
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=target.device)
@@ -239,13 +275,14 @@ def generate_responses(
             answer = []
             for tok in seq:
                 answer.append(tok)
-                if eos_ids is not None and tok in (eos_ids if isinstance(eos_ids, list) else [eos_ids]):
+                if tok in eos_list:
                     break
-            while answer and answer[-1] == pad_id and pad_id not in (eos_ids if isinstance(eos_ids, list) else [eos_ids]):
+            while answer and answer[-1] == pad_id and pad_id not in eos_list:
                 answer.pop()
             pending.append(TokenizedExample(id=str(p["id"]), input_ids=prompt_ids + answer,
                                             loss_mask=[0] * len(prompt_ids) + [1] * len(answer),
                                             source=str(p.get("source", ""))))
+        answered += len(batch)
         if bar is not None:
             bar.update(len(batch))
         while len(pending) >= recipe.shard_size:
@@ -280,6 +317,7 @@ def build_training_data(
     report: str | Path | None = None,
     progress: bool = True,
     prepack: bool = False,
+    max_seconds: float | None = None,
 ) -> DataBuild:
     """`dspark-hf data`: the target answers the prompts of a JSONL file (`generate_responses`, resumable).
 
@@ -292,6 +330,7 @@ def build_training_data(
         prepack: run a CPU target (float32/bfloat16) with its linear weights packed once for oneDNN
             (`models.prepacked.prepack_linears`; PyTorch's own CPU GEMM repacks them on every batched call). Skipped,
             with a log line, where the target or the PyTorch build cannot; the model is restored afterwards.
+        max_seconds: stop starting new batches after this much wall time (a re-run resumes with the rest).
     """
     from .prompts import read_prompts_jsonl
 
@@ -315,7 +354,8 @@ def build_training_data(
         except ValueError as err:
             logger.info(f"answering without prepacked linears: {err}")
     try:
-        out = Path(generate_responses(target, tokenizer, rows, out_dir, recipe, progress=progress))
+        out = Path(generate_responses(target, tokenizer, rows, out_dir, recipe, progress=progress,
+                                     max_seconds=max_seconds))
     finally:
         if packed:
             unpack_linears(target)
