@@ -12,7 +12,9 @@ machine needs no tokenizer).
     #    target's fingerprint, under .whl/ and .gpu/ (both git-ignored). A lease sends the checkout's tracked files
     #    too: check them with `git ls-files -z | du -cb --files0-from=-` (call 1 below: tree + 17.7 MB wheels +
     #    41.4 MB part must stay under 64 MiB; on 2026-12-04 a branch holding only src/ without the release folders,
-    #    this script, data/smollm2-135m-12k and data/smollm2-135m was 6.1 MB).
+    #    this script, data/smollm2-135m-12k and data/smollm2-135m was 6.1 MB). `bash scripts/gpu_slim_branch.sh
+    #    gpu-lease data/smollm2-135m-12k data/smollm2-135m-20k` commits such a branch (3.4 MiB on 2026-12-05) and
+    #    prints what each call would send; `git checkout gpu-lease` for the calls, `git checkout main` after.
     bash scripts/gpu_wheels.sh .whl
     python scripts/gpu_train_drafters.py prepare --target smollm2-135m-instruct --out .gpu --part-mb 39.5
 

@@ -203,3 +203,35 @@ def test_prepare_lists_the_unanswered_prompts_as_ids_and_run_answers_them_before
                         str(lease / "target"), "--data", str(lease / "data"), "--runs", "", "--out",
                         str(lease / "OUT3"), "--work", str(lease / "work3"), "--device", "cpu",
                         "--generate", str(lease / "gpu" / "generate.jsonl.gz")]) == 2
+
+
+def test_slim_branch_holds_the_package_without_releases_and_leaves_the_checkout_alone(tmp_path):
+    import shutil
+    import subprocess
+
+    repo = tmp_path / "repo"
+    for rel, text in {"src/dspark_hf/a.py": "x = 1\n", "src/dspark_hf/testbed/releases/r/model.bin": "w" * 1000,
+                      "scripts/gpu_train_drafters.py": "# lease\n", "scripts/other.py": "# not sent\n",
+                      "setup.cfg": "[metadata]\n", "data/d1/data-00000.jsonl": "{}\n", "data/d2/data-00000.jsonl": "{}\n",
+                      "results/big.json": "r" * 5000}.items():
+        (repo / rel).parent.mkdir(parents=True, exist_ok=True)
+        (repo / rel).write_text(text)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(git + ["init", "-q"], check=True)
+    subprocess.run(git + ["add", "-A"], check=True)
+    subprocess.run(git + ["commit", "-q", "-m", "all"], check=True)
+    (repo / "untracked.txt").write_text("u" * 10)
+    script = Path(__file__).resolve().parents[1] / "scripts" / "gpu_slim_branch.sh"
+    shutil.copy(script, repo / "slim.sh")
+    env = {"GIT_AUTHOR_NAME": "t", "GIT_AUTHOR_EMAIL": "t@t", "GIT_COMMITTER_NAME": "t", "GIT_COMMITTER_EMAIL": "t@t",
+           "PATH": "/usr/bin:/bin"}
+    res = subprocess.run(["bash", "slim.sh", "lease", "data/d1"], cwd=repo, capture_output=True, text=True, env=env)
+    assert res.returncode == 0, res.stderr
+    files = subprocess.run(git + ["ls-tree", "-r", "--name-only", "lease"], capture_output=True, text=True).stdout.split()
+    assert sorted(files) == ["data/d1/data-00000.jsonl", "scripts/gpu_train_drafters.py", "setup.cfg",
+                             "src/dspark_hf/a.py"]
+    assert "untracked files not ignored by git travel too" in res.stdout and "fits" in res.stdout
+    status = subprocess.run(git + ["status", "--porcelain"], capture_output=True, text=True).stdout.split("\n")
+    assert sorted(s for s in status if s) == ["?? slim.sh", "?? untracked.txt"]  # work tree and index untouched
+    res = subprocess.run(["bash", "slim.sh", "lease", "data/missing"], cwd=repo, capture_output=True, text=True, env=env)
+    assert res.returncode == 2 and "data/missing not found" in res.stderr
