@@ -654,6 +654,10 @@ SECTIONS = [
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --policies scheduled scheduled-warm "
      "--concurrency 64 --max-new-tokens 48 --repeats 2 --lookup release --prepack --gqa-attention "
      "--prompt-set gsm_symbolic --out results/bench_smollm2_session5_gsm_c64"),
+    ("sps_cache/sps_cache.md",
+     "What the on-disk SPS cache saves: a process's first scheduled call with an empty `SPSCache(directory)` vs a new "
+     "cache reading the stored table",
+     "OMP_NUM_THREADS=1 python scripts/bench_sps_cache.py --concurrency 1 16 64 --out results/sps_cache"),
     ("compare_smollm2_branches_gate/compare.md",
      "Lookup branches with the realized drafter gate beside target-only, prompt lookup and the release configuration, "
      "batch 1 (issue 14)",

@@ -135,6 +135,54 @@ def test_modules_hold_no_mutable_module_level_state():
         assert mutable == [], (module.__name__, mutable)
 
 
+def test_sps_cache_directory_spares_a_new_cache_the_profile_for_the_same_setup_only(monkeypatch, llama, tmp_path):
+    target, drafter = llama
+    calls = []
+
+    def fake_profile(*a, **k):
+        calls.append(k["rows"])
+        return dspark_hf.profile_sps(target, max_tokens=k["max_tokens"], context_lengths=(8,), repeats=1,
+                                     progress=False, rows=k["rows"])
+
+    monkeypatch.setattr(batched, "profile_sps", fake_profile)
+    first = dspark_hf.SPSCache(tmp_path / "sps")
+    out = dspark_hf.generate(target, drafter, IDS, max_new_tokens=4, policy="scheduled", sps=first)
+    files = sorted((tmp_path / "sps").glob("sps-*.json"))
+    assert first.profiles == 1 and len(files) == 1 and calls == [2]
+    # a new cache (a new process) on the same directory reads the table instead of profiling, and decodes the same
+    second = dspark_hf.SPSCache(tmp_path / "sps")
+    again = dspark_hf.generate(target, drafter, IDS, max_new_tokens=4, policy="scheduled", sps=second)
+    assert torch.equal(out, again) and second.profiles == 0 and second.loaded == 1 and len(calls) == 1
+    assert second.tables[next(iter(second.tables))].seconds == first.tables[next(iter(first.tables))].seconds
+    # another setup never reads that file: other torch threads (the device as described), another attention
+    monkeypatch.setattr(batched, "device_description", lambda device=None: "another CPU (torch threads 7)")
+    third = dspark_hf.SPSCache(tmp_path / "sps")
+    dspark_hf.generate(target, drafter, IDS, max_new_tokens=4, policy="scheduled", sps=third)
+    assert third.loaded == 0 and third.profiles == 1 and len(list((tmp_path / "sps").glob("sps-*.json"))) == 2
+    monkeypatch.undo()
+    monkeypatch.setattr(batched, "profile_sps", fake_profile)
+    key = dspark_hf.SPSCache.key(target)
+    target.config._attn_implementation = "eager"
+    try:
+        assert dspark_hf.SPSCache.key(target) != key
+        fourth = dspark_hf.SPSCache(tmp_path / "sps")
+        fourth.table(target, 10, rows=2)
+        assert fourth.loaded == 0 and fourth.profiles == 1
+    finally:
+        target.config._attn_implementation = key[3]
+    # a damaged file is profiled anew and replaced, not trusted and not fatal
+    files[0].write_text("{not json")
+    fifth = dspark_hf.SPSCache(tmp_path / "sps")
+    fifth.table(target, 10, rows=2)
+    assert fifth.loaded == 0 and fifth.profiles == 1
+    sixth = dspark_hf.SPSCache(tmp_path / "sps")
+    sixth.table(target, 10, rows=2)
+    assert sixth.loaded == 1 and sixth.profiles == 0
+    # a call wider than the stored table covers profiles anew (and replaces the file)
+    sixth.table(target, 40, rows=2)
+    assert sixth.profiles == 1
+
+
 def test_sps_cache_profiles_once_and_sps_none_every_call(monkeypatch, llama):
     target, drafter = llama
     real = dspark_hf.profile_sps(target, max_tokens=12, context_lengths=(8,), repeats=1, progress=False)

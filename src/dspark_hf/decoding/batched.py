@@ -84,9 +84,12 @@ from __future__ import annotations
 import contextlib
 import copy
 import difflib
+import hashlib
 import inspect
+import json
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
@@ -98,6 +101,7 @@ from transformers.utils import ModelOutput, logging
 from ..models.lookup import LookupProposal, lookup_block, merge_lookup_drafts
 from ..models.modeling_dspark import DSparkDrafter
 from ..models.prepacked import is_prepacked, ragged_tokens
+from ..provenance import device_description
 from .policy_memory import LearnedState, PolicyMemory
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, DrafterGate, GrowthClock, IdleBackoff,
                           LengthPolicy, MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, Riders,
@@ -140,29 +144,64 @@ class DSparkGenerateOutput(ModelOutput):
 
 # ---------------------------------------------------------------------------------------------- SPS curve
 class SPSCache:
-    """SPS tables owned by the caller: profiles each target once (per fingerprint, device and dtype) and reuses the
-    table, so that repeated `generate(..., sps=cache)` calls do not re-profile. A table is re-profiled when a call
-    needs a larger verification batch than it covers.
+    """SPS tables owned by the caller: profiles each target once (per fingerprint, device, dtype and attention
+    implementation) and reuses the table, so that repeated `generate(..., sps=cache)` calls do not re-profile. A table
+    is re-profiled when a call needs a larger verification batch than it covers.
 
         cache = dspark_hf.SPSCache()
         for batch in batches:
             dspark_hf.generate(target, drafter, **batch, policy="scheduled", sps=cache)  # profiles on the first call
 
+    With `directory`, tables also persist there as JSON (written atomically), so a new process on the same machine
+    skips the profile (it saved 2.8 / 7.7 / 28.8 s of a first call at 1 / 16 / 64 rows on a 2-core CPU,
+    `scripts/bench_sps_cache.py`). A file is used only for exactly this setup:
+    its name and its recorded key cover the target's fingerprint (prepacked linears included), dtype, attention
+    implementation, the loop's row layout, the device as `provenance.device_description` tells it (CPU model, cores,
+    torch threads; the GPU's name) and the torch version. A file that is unreadable, made for another setup or too
+    narrow for the call is profiled anew and replaced.
+
+        cache = dspark_hf.SPSCache("~/.cache/dspark_hf/sps")
+
     Attributes:
-        tables: the profiled tables by `(target_fingerprint, device, dtype)`.
-        profiles: how many times this cache has profiled a target.
+        tables: the tables in memory, by `key(target)` (+ the row layout).
+        profiles: how many times this cache has profiled a target; loaded: tables read from `directory`.
     """
 
-    def __init__(self, *, context_lengths: Sequence[int] = (128,), repeats: int = 2) -> None:
+    def __init__(self, directory: str | Path | None = None, *, context_lengths: Sequence[int] = (128,),
+                 repeats: int = 2) -> None:
+        self.directory = Path(directory).expanduser() if directory is not None else None
         self.context_lengths = tuple(context_lengths)
         self.repeats = int(repeats)
-        self.tables: dict[tuple[str, str, str], SPSTable] = {}
+        self.tables: dict[tuple, SPSTable] = {}
         self.profiles = 0
+        self.loaded = 0
 
     @staticmethod
-    def key(target: PreTrainedModel) -> tuple[str, str, str]:
-        """What a table depends on: the target's fingerprint (architecture, sizes), its device and its dtype."""
-        return target_fingerprint(target), str(target.device), str(target.dtype)
+    def key(target: PreTrainedModel) -> tuple[str, str, str, str]:
+        """What a table depends on: the target's fingerprint (architecture, sizes, prepacked linears), its device, its
+        dtype and its attention implementation (grouped-query attention without copies changes the curve)."""
+        attention = str(getattr(target.config, "_attn_implementation", None))
+        return target_fingerprint(target), str(target.device), str(target.dtype), attention
+
+    def _stored(self, target: PreTrainedModel, key: tuple) -> tuple[Path, str]:
+        """The file for `key` in `directory` and the text that identifies the setup it holds."""
+        described = json.dumps([*key, device_description(target.device), torch.__version__,
+                                list(self.context_lengths)])
+        digest = hashlib.sha256(described.encode()).hexdigest()[:20]
+        return self.directory / f"sps-{digest}.json", described
+
+    def _load(self, path: Path, described: str, max_tokens: int) -> SPSTable | None:
+        if not path.exists():
+            return None
+        try:
+            table = SPSTable.load(path)
+        except ValueError as err:
+            logger.warning(f"SPS cache file {path} unreadable ({err}); profiling anew")
+            return None
+        if table.meta.get("sps_cache_key") != described or table.batch_tokens[-1] < max_tokens:
+            return None
+        self.loaded += 1
+        return table
 
     def table(self, target: PreTrainedModel, max_tokens: int, rows: int | None = None) -> SPSTable:
         """The table for `target` covering verification batches up to `max_tokens` tokens (profiled if needed);
@@ -176,11 +215,17 @@ class SPSCache:
         key = self.key(target) + ((rows,) if rows is not None else ())
         table = self.tables.get(key)
         if table is None or table.batch_tokens[-1] < max_tokens:
-            table = profile_sps(target, max_tokens=max(8, max_tokens) if rows is None else max_tokens,
-                                context_lengths=self.context_lengths, repeats=self.repeats, progress=False,
-                                rows=rows)
+            stored = self._stored(target, key) if self.directory is not None else None
+            table = self._load(*stored, max_tokens) if stored is not None else None
+            if table is None:
+                table = profile_sps(target, max_tokens=max(8, max_tokens) if rows is None else max_tokens,
+                                    context_lengths=self.context_lengths, repeats=self.repeats, progress=False,
+                                    rows=rows)
+                self.profiles += 1
+                if stored is not None:
+                    table.meta = {**(table.meta or {}), "sps_cache_key": stored[1]}
+                    table.save(stored[0])
             self.tables[key] = table
-            self.profiles += 1
         return table
 
 
