@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import zlib
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -205,8 +206,6 @@ def generate_responses(
     starting new batches once that much wall time has passed; what was answered is written (the last shard may be
     short) and a re-run resumes with the rest.
     """
-    import time
-
     began = time.perf_counter()
     recipe = recipe or GenerationRecipe()
     out_dir = Path(out_dir)
@@ -252,15 +251,15 @@ def generate_responses(
     pending: list[TokenizedExample] = []
     # Batches of similar prompt length: a batch is left-padded to its longest prompt, so mixing 30-token chat
     # prompts with 500-token code listings would multiply the prefill cost. Stable sort: ties keep the file order.
-    lengths = {str(p["id"]): len(ids_of(p)) for p in todo}
-    todo = sorted(todo, key=lambda p: lengths[str(p["id"])])
+    ids_by_id = {str(p["id"]): ids_of(p) for p in todo}  # through the chat template once per prompt
+    todo = sorted(todo, key=lambda p: len(ids_by_id[str(p["id"])]))
     answered = 0
     for batch in _batches(todo, recipe.batch_size):
         if max_seconds is not None and time.perf_counter() - began >= max_seconds:
             logger.warning(f"stopped after {time.perf_counter() - began:.0f} s (max_seconds={max_seconds}): "
                            f"{answered} of {len(todo)} prompts answered in this call, the rest left for a re-run")
             break
-        rows = [ids_of(p) for p in batch]
+        rows = [ids_by_id[str(p["id"])] for p in batch]
         width = max(map(len, rows))
         input_ids = torch.tensor([[pad_id] * (width - len(r)) + r for r in rows], device=target.device)
         mask = torch.tensor([[0] * (width - len(r)) + [1] * len(r) for r in rows], device=target.device)
