@@ -1,0 +1,150 @@
+"""Lookup tables side by side (issue 14): does a table built from more of the target's own answers draft better?
+
+    python scripts/bench_lookup_tables.py --table release=release --table all=/path/to/all.safetensors \
+        --out results/lookup_tables_smollm2 [--sets humaneval mt_bench ...] [--prompts 4] [--max-new-tokens 64]
+
+Batch 1, greedy, one run: per prompt, target-only first, then for every table (in the order given) the lookup alone
+(`LookupAssistant`, round lengths from the batch-1 cost curve profiled in the run) and the release configuration
+(`<table>+branches`: the release drafter's chain and the lookup's continuation verified as one tree, the batched loop
+at batch 1, `tree_budget=0, tree_max_nodes=W`), plus transformers' prompt lookup as the training-free reference.
+The target runs prepacked with the GQA attention path, as in `dspark-hf compare --prepack --gqa-attention`. Every
+output is checked token for token against target-only; tau is new tokens per target forward (prefill included).
+Writes `results.json`, `results.md` (tau and speedup per set, macro / geometric means) and `speedup.png`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import torch
+
+from dspark_hf.decoding.sps import profile_batch1_sps
+from dspark_hf.evaluation.prompt_sets import load_prompt_set
+from dspark_hf.evaluation.side_by_side import batched_runner, greedy_runner, prompt_lookup_runner, time_methods
+from dspark_hf.models.candidate_generator import LookupAssistant
+from dspark_hf.models.gqa_attention import use_gqa_attention
+from dspark_hf.models.prepacked import prepack_linears
+from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenance
+from dspark_hf.testbed.release import load_release_drafter, resolve_lookup
+from dspark_hf.testbed.targets import load_target
+from dspark_hf.training.data import chat_prompt_ids
+
+SETS = ["humaneval", "mt_bench", "math500", "aime", "gsm_symbolic"]
+
+
+def _parse_table(value: str) -> tuple[str, str]:
+    label, sep, path = value.partition("=")
+    if not sep or not label or not path:
+        raise argparse.ArgumentTypeError(f"--table takes LABEL=FILE (or LABEL=release), got {value!r}")
+    return label, path
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--target", default="smollm2-135m-instruct")
+    p.add_argument("--table", type=_parse_table, action="append", required=True, metavar="LABEL=FILE",
+                   help="a lookup table to time (repeatable; FILE `release` = the shipped table)")
+    p.add_argument("--sets", nargs="+", default=SETS)
+    p.add_argument("--prompts", type=int, default=4, help="prompts per set (the first N of each)")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument("--branches", type=int, default=8, help="tree_max_nodes of the `+branches` methods (0: skip)")
+    p.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens (0: skip)")
+    p.add_argument("--out", type=Path, required=True)
+    args = p.parse_args()
+    labels = [label for label, _ in args.table]
+    if len(set(labels)) != len(labels):
+        p.error(f"--table labels must differ, got {labels}")
+    torch.set_num_threads(1)
+    torch.manual_seed(0)
+
+    target, tokenizer = load_target(args.target)
+    prepack_linears(target)
+    use_gqa_attention(target)
+    drafter = load_release_drafter(args.target, target).eval() if args.branches else None
+    tables = {label: resolve_lookup(path, args.target) for label, path in args.table}
+    sps = profile_batch1_sps(target)
+    runners = {}
+    if args.prompt_lookup:
+        runners["prompt-lookup"] = prompt_lookup_runner(target, args.max_new_tokens, args.prompt_lookup)
+    for label, table in tables.items():
+        runners[f"lookup[{label}]"] = greedy_runner(target, args.max_new_tokens,
+                                                    assistant_model=LookupAssistant(table, target, sps=sps))
+        if drafter is not None:
+            runners[f"release+branches[{label}]"] = batched_runner(
+                target, args.max_new_tokens, drafter, lookup=table, tree_budget=0, tree_max_nodes=args.branches,
+                policy="fixed")
+    methods = list(runners)
+    rows: dict[str, dict[str, dict]] = {}
+    for i, name in enumerate(args.sets):
+        items = load_prompt_set(name, limit=args.prompts)
+        prompts = [chat_prompt_ids(tokenizer, it.messages) for it in items]
+        print(f"[{name}] {len(prompts)} prompts: target-only, {', '.join(methods)}", flush=True)
+        _, records = time_methods(prompts, target.device, greedy_runner(target, args.max_new_tokens), runners,
+                                  count_model=target, warmup=i == 0)
+        rows[name] = {m: r.to_dict() for m, r in records.items()}
+        print("  " + "  ".join(f"{m} tau {r.tau:.2f} {r.speedup:.2f}x{'' if r.identical else ' DIFFERS'}"
+                               for m, r in records.items()), flush=True)
+
+    def macro(m: str) -> float:
+        return sum(rows[s][m]["tau"] for s in rows) / len(rows)
+
+    def geo(m: str) -> float:
+        return math.exp(sum(math.log(rows[s][m]["speedup"]) for s in rows) / len(rows))
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = {m: {"macro_tau": macro(m), "geo_speedup": geo(m),
+                   "identical": all(rows[s][m]["identical"] for s in rows)} for m in methods}
+    atomic_write_json(args.out / "results.json", {
+        "provenance": provenance(), "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "tables": {label: {"file": path, "ngrams": len(tables[label]), **tables[label].meta} for label, path in args.table},
+        "results": rows, "summary": summary})
+    prov = provenance()
+    lines = ["# Lookup tables side by side (batch 1, greedy)", "",
+             f"Device: {prov['device']}; torch {prov['torch']}; transformers {prov['transformers']}; commit "
+             f"`{prov['git_commit']}`. Command: `python scripts/bench_lookup_tables.py "
+             + " ".join(f"--table {label}={path}" for label, path in args.table)
+             + f" --sets {' '.join(args.sets)} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
+             f"--branches {args.branches} --out {args.out}`.", "", "Tables:", ""]
+    for label, path in args.table:
+        meta = tables[label].meta
+        lines.append(f"- `{label}` ({path}): {len(tables[label]):,} n-grams from {meta.get('sequences', 0):,} "
+                     f"examples, {meta.get('answer_tokens', 0):,} answer tokens")
+    for title, key, fmt in (("tau (new tokens per target forward)", "tau", "{:.2f}"),
+                            ("wall-clock speedup over target-only", "speedup", "{:.2f}x")):
+        lines += ["", f"### {title}", "", "| set | " + " | ".join(methods) + " |",
+                  "|---|" + "---|" * len(methods)]
+        for s in rows:
+            lines.append(f"| {s} | " + " | ".join(fmt.format(rows[s][m][key]) for m in methods) + " |")
+        agg = macro if key == "tau" else geo
+        lines.append(f"| **{'macro' if key == 'tau' else 'geo-mean'}** | "
+                     + " | ".join("**" + fmt.format(agg(m)) + "**" for m in methods) + " |")
+    same = all(v["identical"] for v in summary.values())
+    lines += ["", "Every output identical to the target's own greedy output." if same else
+              "Some outputs DIFFER from the target's greedy output (a losslessness bug): see results.json.", ""]
+    atomic_write_text(args.out / "results.md", "\n".join(lines))
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(9, 4))
+        width = 0.8 / len(methods)
+        for j, m in enumerate(methods):
+            ax.bar([i + j * width for i in range(len(rows))], [rows[s][m]["speedup"] for s in rows], width, label=m)
+        ax.axhline(1.0, color="black", linewidth=0.8)
+        ax.set_xticks([i + 0.4 - width / 2 for i in range(len(rows))], list(rows))
+        ax.set_ylabel("speedup over target-only")
+        ax.set_title("Lookup tables, batch 1, greedy")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        fig.savefig(args.out / "speedup.png", dpi=110)
+    except ImportError:
+        pass
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
