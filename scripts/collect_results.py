@@ -327,6 +327,15 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 python scripts/bench_lookup.py --lookup "
      "src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/lookup.safetensors --prompts 3 --methods "
      "target-only/packed lookup target-only/auto-rows lookup/auto-rows --out results/lookup_smollm2_auto_rows"),
+    ("lookup_tables_smollm2/results.md",
+     "Lookup tables side by side at batch 1: the release table (1.08M answer tokens) vs tables from 3.3x more answers "
+     "(3.53M; contexts seen >= 2 or >= 3 times), alone and as branches of the release drafter's chain; data "
+     "generation shared the machine (issue 14)",
+     "dspark-hf lookup --data data/smollm2-135m-20k,data/smollm2-135m-12k,data/smollm2-135m --min-total 2 --out "
+     "/work/runs/lookup/all.safetensors (the same with --min-total 3 --out /work/runs/lookup/all_mt3.safetensors; the "
+     "20k folder then held its first 8,704 answers, commit 3b99ff8) && OMP_NUM_THREADS=1 python "
+     "scripts/bench_lookup_tables.py --table release=release --table all-min2=/work/runs/lookup/all.safetensors "
+     "--table all-min3=/work/runs/lookup/all_mt3.safetensors --prompts 6 --out results/lookup_tables_smollm2"),
     ("lookup_qwen2.5-coder-0.5b/results.md",
      "Qwen2.5-Coder-0.5B-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only and prompt "
      "lookup (issue 14 part 5)",
