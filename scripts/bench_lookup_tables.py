@@ -1,12 +1,13 @@
 """Lookup tables side by side (issue 14): does a table built from more of the target's own answers draft better?
 
     python scripts/bench_lookup_tables.py --table release=release --table all=/path/to/all.safetensors \
-        --out results/lookup_tables_smollm2 [--sets humaneval mt_bench ...] [--prompts 4] [--max-new-tokens 64]
+        --out results/lookup_tables_smollm2 [--sets humaneval mt_bench ...] [--prompts 4] [--max-new-tokens 64] \
+        [--branches 4 8 12]
 
 Batch 1, greedy, one run: per prompt, target-only first, then for every table (in the order given) the lookup alone
 (`LookupAssistant`, round lengths from the batch-1 cost curve profiled in the run) and the release configuration
 (`<table>+branches`: the release drafter's chain and the lookup's continuation verified as one tree, the batched loop
-at batch 1, `tree_budget=0, tree_max_nodes=W`), plus transformers' prompt lookup as the training-free reference.
+at batch 1, `tree_budget=0, tree_max_nodes=W`, one method per W given), plus transformers' prompt lookup as the training-free reference.
 The target runs prepacked with the GQA attention path, as in `dspark-hf compare --prepack --gqa-attention`. Every
 output is checked token for token against target-only; tau is new tokens per target forward (prefill included).
 Writes `results.json`, `results.md` (tau and speedup per set, macro / geometric means) and `speedup.png`.
@@ -49,7 +50,8 @@ def main() -> None:
     p.add_argument("--sets", nargs="+", default=SETS)
     p.add_argument("--prompts", type=int, default=4, help="prompts per set (the first N of each)")
     p.add_argument("--max-new-tokens", type=int, default=64)
-    p.add_argument("--branches", type=int, default=8, help="tree_max_nodes of the `+branches` methods (0: skip)")
+    p.add_argument("--branches", type=int, nargs="+", default=[8],
+                   help="tree_max_nodes of the `+branches` methods, one method per value (0: skip them)")
     p.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens (0: skip)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
@@ -62,7 +64,10 @@ def main() -> None:
     target, tokenizer = load_target(args.target)
     prepack_linears(target)
     use_gqa_attention(target)
-    drafter = load_release_drafter(args.target, target).eval() if args.branches else None
+    widths = [w for w in args.branches if w > 0]
+    if any(w < 0 for w in args.branches):
+        p.error(f"--branches takes node counts >= 1 (0: skip), got {args.branches}")
+    drafter = load_release_drafter(args.target, target).eval() if widths else None
     tables = {label: resolve_lookup(path, args.target) for label, path in args.table}
     sps = profile_batch1_sps(target)
     runners = {}
@@ -71,10 +76,10 @@ def main() -> None:
     for label, table in tables.items():
         runners[f"lookup[{label}]"] = greedy_runner(target, args.max_new_tokens,
                                                     assistant_model=LookupAssistant(table, target, sps=sps))
-        if drafter is not None:
-            runners[f"release+branches[{label}]"] = batched_runner(
-                target, args.max_new_tokens, drafter, lookup=table, tree_budget=0, tree_max_nodes=args.branches,
-                policy="fixed")
+        for w in widths:
+            name = f"release+branches[{label}]" if len(widths) == 1 else f"release+branches{w}[{label}]"
+            runners[name] = batched_runner(target, args.max_new_tokens, drafter, lookup=table, tree_budget=0,
+                                           tree_max_nodes=w, policy="fixed")
     methods = list(runners)
     rows: dict[str, dict[str, dict]] = {}
     for i, name in enumerate(args.sets):
@@ -106,7 +111,8 @@ def main() -> None:
              f"`{prov['git_commit']}`. Command: `python scripts/bench_lookup_tables.py "
              + " ".join(f"--table {label}={path}" for label, path in args.table)
              + f" --sets {' '.join(args.sets)} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
-             f"--branches {args.branches} --out {args.out}`.", "", "Tables:", ""]
+             f"--branches {' '.join(map(str, args.branches))} --prompt-lookup {args.prompt_lookup} --out {args.out}`.",
+             "", "Tables:", ""]
     for label, path in args.table:
         meta = tables[label].meta
         lines.append(f"- `{label}` ({path}): {len(tables[label]):,} n-grams from {meta.get('sequences', 0):,} "
