@@ -336,6 +336,15 @@ SECTIONS = [
      "20k folder then held its first 8,704 answers, commit 3b99ff8) && OMP_NUM_THREADS=1 python "
      "scripts/bench_lookup_tables.py --table release=release --table all-min2=/work/runs/lookup/all.safetensors "
      "--table all-min3=/work/runs/lookup/all_mt3.safetensors --prompts 6 --out results/lookup_tables_smollm2"),
+    ("lookup_branch_width_smollm2/results.md",
+     "Release drafter + lookup branches at batch 1 by verification width (tree_max_nodes 4 / 8 / 12 / 16), release "
+     "lookup table; data generation shared the machine (issues 13, 14)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 8 12 16 "
+     "--prompt-lookup 0 --prompts 6 --out results/lookup_branch_width_smollm2"),
+    ("lookup_branch_width_smollm2_r2/results.md",
+     "The same at 4 and 8 nodes, repeated, with transformers' prompt lookup in the run (issues 13, 14)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 8 "
+     "--prompt-lookup 10 --prompts 6 --out results/lookup_branch_width_smollm2_r2"),
     ("lookup_qwen2.5-coder-0.5b/results.md",
      "Qwen2.5-Coder-0.5B-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only and prompt "
      "lookup (issue 14 part 5)",
