@@ -2,12 +2,16 @@
 
     python scripts/bench_lookup_tables.py --table release=release --table all=/path/to/all.safetensors \
         --out results/lookup_tables_smollm2 [--sets humaneval mt_bench ...] [--prompts 4] [--max-new-tokens 64] \
-        [--branches 4 8 12]
+        [--branches 4 8 12] [--branch-policies fixed scheduled] [--assist] [--drafter-chain]
 
 Batch 1, greedy, one run: per prompt, target-only first, then for every table (in the order given) the lookup alone
 (`LookupAssistant`, round lengths from the batch-1 cost curve profiled in the run) and the release configuration
 (`<table>+branches`: the release drafter's chain and the lookup's continuation verified as one tree, the batched loop
 at batch 1, `tree_budget=0, tree_max_nodes=W`, one method per W given), plus transformers' prompt lookup as the training-free reference.
+`--assist` adds, per table, `release+lookup[<table>]`: the same drafter and lookup as one *chain* per round (lookup
+drafts when they pay, else the drafter's; `drafter.set_assist(lookup, sps=...)` through `target.generate(assistant_model=
+drafter)`, what `dspark-hf demo --branches 0` runs), the chain the `+branches` tree is measured against (issue 13).
+`--drafter-chain` adds `release`: the release drafter alone through `target.generate(assistant_model=drafter)`.
 The target runs prepacked with the GQA attention path, as in `dspark-hf compare --prepack --gqa-attention`. Every
 output is checked token for token against target-only; tau is new tokens per target forward (prefill included).
 Writes `results.json`, `results.md` (tau and speedup per set, macro / geometric means) and `speedup.png`.
@@ -21,9 +25,10 @@ from pathlib import Path
 
 import torch
 
+from dspark_hf.decoding.batched import SPSCache
 from dspark_hf.decoding.sps import profile_batch1_sps
 from dspark_hf.evaluation.prompt_sets import load_prompt_set
-from dspark_hf.evaluation.side_by_side import batched_runner, greedy_runner, prompt_lookup_runner, time_methods
+from dspark_hf.evaluation.side_by_side import assisted_runner, batched_runner, greedy_runner, prompt_lookup_runner, time_methods
 from dspark_hf.models.candidate_generator import LookupAssistant
 from dspark_hf.models.gqa_attention import use_gqa_attention
 from dspark_hf.models.prepacked import prepack_linears
@@ -53,6 +58,13 @@ def main() -> None:
     p.add_argument("--branches", type=int, nargs="+", default=[8],
                    help="tree_max_nodes of the `+branches` methods, one method per value (0: skip them)")
     p.add_argument("--prompt-lookup", type=int, default=10, help="prompt_lookup_num_tokens (0: skip)")
+    p.add_argument("--branch-policies", nargs="+", default=["fixed"], choices=["fixed", "scheduled"],
+                   help="policy of the `+branches` methods, one method per value (scheduled: each round's nodes "
+                        "chosen from the confidences and the cost curve, `dspark_hf.SPSCache` profiled once)")
+    p.add_argument("--assist", action="store_true",
+                   help="also `release+lookup[<table>]`: lookup, then drafter, as one chain per round (set_assist)")
+    p.add_argument("--drafter-chain", action="store_true",
+                   help="also `release`: the release drafter alone (target.generate(assistant_model=drafter))")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
     labels = [label for label, _ in args.table]
@@ -67,19 +79,28 @@ def main() -> None:
     widths = [w for w in args.branches if w > 0]
     if any(w < 0 for w in args.branches):
         p.error(f"--branches takes node counts >= 1 (0: skip), got {args.branches}")
-    drafter = load_release_drafter(args.target, target).eval() if widths else None
+    drafter = load_release_drafter(args.target, target).eval() if widths or args.assist or args.drafter_chain else None
     tables = {label: resolve_lookup(path, args.target) for label, path in args.table}
     sps = profile_batch1_sps(target)
+    sps_cache = SPSCache()  # the batched loop's cost curve, profiled on the first scheduled call (the warm-up)
     runners = {}
     if args.prompt_lookup:
         runners["prompt-lookup"] = prompt_lookup_runner(target, args.max_new_tokens, args.prompt_lookup)
+    if args.drafter_chain:
+        runners["release"] = greedy_runner(target, args.max_new_tokens, assistant_model=drafter)
     for label, table in tables.items():
         runners[f"lookup[{label}]"] = greedy_runner(target, args.max_new_tokens,
                                                     assistant_model=LookupAssistant(table, target, sps=sps))
+        if args.assist:
+            runners[f"release+lookup[{label}]"] = assisted_runner(target, args.max_new_tokens, drafter, lookup=table,
+                                                                  sps=sps)
         for w in widths:
-            name = f"release+branches[{label}]" if len(widths) == 1 else f"release+branches{w}[{label}]"
-            runners[name] = batched_runner(target, args.max_new_tokens, drafter, lookup=table, tree_budget=0,
-                                           tree_max_nodes=w, policy="fixed")
+            for policy in args.branch_policies:
+                name = "release+branches" + (str(w) if len(widths) > 1 else "")
+                name += ("-" + policy if len(args.branch_policies) > 1 else "") + f"[{label}]"
+                extra = {"sps": sps_cache} if policy == "scheduled" else {}
+                runners[name] = batched_runner(target, args.max_new_tokens, drafter, lookup=table, tree_budget=0,
+                                               tree_max_nodes=w, policy=policy, **extra)
     methods = list(runners)
     rows: dict[str, dict[str, dict]] = {}
     for i, name in enumerate(args.sets):
@@ -111,7 +132,10 @@ def main() -> None:
              f"`{prov['git_commit']}`. Command: `python scripts/bench_lookup_tables.py "
              + " ".join(f"--table {label}={path}" for label, path in args.table)
              + f" --sets {' '.join(args.sets)} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
-             f"--branches {' '.join(map(str, args.branches))} --prompt-lookup {args.prompt_lookup} --out {args.out}`.",
+             f"--branches {' '.join(map(str, args.branches))} --branch-policies {' '.join(args.branch_policies)} "
+             f"--prompt-lookup {args.prompt_lookup}"
+             + (" --assist" if args.assist else "") + (" --drafter-chain" if args.drafter_chain else "")
+             + f" --out {args.out}`.",
              "", "Tables:", ""]
     for label, path in args.table:
         meta = tables[label].meta

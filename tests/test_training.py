@@ -431,6 +431,27 @@ def test_cpu_has_native_bf16_reads_the_flags():
         assert cpu_flags() and cpu_has_native_bf16() == bool(cpu_flags() & {"avx512_bf16", "amx_bf16"})
 
 
+def test_cpu_signature_tells_cpus_with_the_same_bare_name_apart(tmp_path, monkeypatch):
+    """Virtual machines report "AMD EPYC" for Zen 2 and Zen 4 alike, whose cost curves differ: the device line of
+    every measurement carries the family / model numbers and the widest vector unit."""
+    from dspark_hf import provenance as prov
+
+    def cpuinfo(family: int, model: int, flags: str) -> Path:
+        block = (f"processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: {family}\nmodel\t\t: {model}\n"
+                 f"model name\t: AMD EPYC\nflags\t\t: {flags}\n\n")
+        path = tmp_path / f"cpuinfo-{family}-{model}"
+        path.write_text(block + block.replace("processor\t: 0", "processor\t: 1").replace(f": {model}\n", ": 0\n"))
+        return path
+
+    zen2, zen4 = cpuinfo(23, 49, "fpu sse2 avx avx2 fma"), cpuinfo(25, 17, "fpu avx2 avx512f avx512_bf16")
+    assert prov.cpu_signature(zen2) == "family 23 model 49, AVX2"
+    assert prov.cpu_signature(zen4) == "family 25 model 17, AVX-512"
+    assert prov.cpu_signature(tmp_path / "missing") == ""
+    monkeypatch.setattr(prov, "cpu_signature", lambda: "family 23 model 49, AVX2")
+    monkeypatch.setattr(prov, "cpu_model", lambda: "AMD EPYC")
+    assert prov.device_description("cpu").startswith("AMD EPYC (family 23 model 49, AVX2) ")
+
+
 @pytest.mark.parametrize("path", sorted(str(p) for p in (Path(__file__).parents[1] / "examples" / "configs").glob("*.yaml")))
 def test_every_example_config_parses_and_validates(path):
     """The shipped configs are what `dspark-hf train --config` reads: a typo'd key or a bad value must not wait for a

@@ -47,10 +47,36 @@ def cpu_model() -> str:
     return ""
 
 
-def cpu_flags() -> set[str]:
+def cpu_signature(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
+    """The CPU's family / model numbers and widest vector unit, e.g. "family 23 model 49, AVX2" (Linux
+    `/proc/cpuinfo`), or "" where they cannot be read. Virtual machines often report a bare name ("AMD EPYC") for
+    CPUs of different generations whose cost curves differ; these numbers tell them apart."""
+    fields: dict[str, str] = {}
+    try:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                key, sep, value = line.partition(":")
+                key = key.strip()
+                if sep and key in ("cpu family", "model") and key not in fields:
+                    fields[key] = value.strip()
+                if not line.strip() and fields:  # the first processor's block is enough
+                    break
+    except OSError:
+        return ""
+    flags = cpu_flags(cpuinfo)
+    simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
+    parts = []
+    if "cpu family" in fields and "model" in fields:
+        parts.append(f"family {fields['cpu family']} model {fields['model']}")
+    if simd:
+        parts.append(simd)
+    return ", ".join(parts)
+
+
+def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> set[str]:
     """The CPU's feature flags (Linux `/proc/cpuinfo`), or an empty set where they cannot be read."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
             for line in f:
                 if line.startswith("flags"):
                     return set(line.split(":", 1)[1].split())
@@ -77,8 +103,9 @@ def device_description(device: torch.device | str | None = None) -> str:
     if device.type == "cuda" and torch.cuda.is_available():
         return torch.cuda.get_device_name(device)
     model = cpu_model()
-    return (f"{model + ' ' if model else ''}{platform.processor() or platform.machine()} CPU x{os.cpu_count()} "
-            f"(torch threads {torch.get_num_threads()})")
+    signature = cpu_signature()
+    return (f"{model + ' ' if model else ''}{'(' + signature + ') ' if signature else ''}"
+            f"{platform.processor() or platform.machine()} CPU x{os.cpu_count()} (torch threads {torch.get_num_threads()})")
 
 
 def provenance(device: torch.device | str | None = None, **extra: Any) -> dict[str, Any]:
