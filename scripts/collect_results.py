@@ -345,6 +345,18 @@ SECTIONS = [
      "The same at 4 and 8 nodes, repeated, with transformers' prompt lookup in the run (issues 13, 14)",
      "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 8 "
      "--prompt-lookup 10 --prompts 6 --out results/lookup_branch_width_smollm2_r2"),
+    ("lookup_tree_vs_chain_smollm2/results.md",
+     "Tree vs chain with the same drafter and lookup at batch 1, on a Zen 2 VM (AMD EPYC family 23 model 49, AVX2; a "
+     "batch-1 forward of 8 tokens 1.68x one token): lookup branches at 4 nodes (`release+branches`, policy fixed) vs "
+     "the lookup-then-drafter chain (`release+lookup`, the demo's default), the lookup alone, the drafter alone and "
+     "prompt lookup (issues 13, 14)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 --assist "
+     "--drafter-chain --prompt-lookup 10 --prompts 6 --out results/lookup_tree_vs_chain_smollm2"),
+    ("lookup_tree_scheduled_smollm2/results.md",
+     "The same with the lookup branches under the `scheduled` policy as well, the same Zen 2 VM (the unit suite ran on "
+     "the other core from MATH500 on; issues 13, 14)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 --branch-policies "
+     "fixed scheduled --assist --prompt-lookup 10 --prompts 6 --out results/lookup_tree_scheduled_smollm2"),
     ("lookup_qwen2.5-coder-0.5b/results.md",
      "Qwen2.5-Coder-0.5B-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only and prompt "
      "lookup (issue 14 part 5)",

@@ -16,6 +16,43 @@ def test_demo_runs_and_is_lossless(capsys):
     assert "UNTRAINED" in out and "identical to target greedy: yes" in out
 
 
+def test_demo_runs_this_packages_loop_with_lookup_branches_losslessly():
+    """`run_demo(generate_kwargs=...)`: speculative decoding through `target.generate(custom_generate=
+    dspark_hf.speculative_generate, drafter=..., lookup=..., tree_budget=0, tree_max_nodes=W)` (the demo's default
+    with a lookup table), identical to target greedy; tau counts the target's forwards, so a lookup that has seen
+    the target's own continuations lifts it above 1 even with an untrained drafter."""
+    import torch
+
+    from dspark_hf.models.lookup import NgramLookup
+    from dspark_hf.testbed.demo import build_toy_pair, run_demo
+
+    target, drafter = build_toy_pair()
+    seqs = []
+    for i in range(3):  # the demo's toy prompts and the target's own greedy continuations of them
+        g = torch.Generator().manual_seed(i)
+        ids = torch.randint(1, target.config.vocab_size, (1, 12 + 8 * i), generator=g)
+        with torch.no_grad():
+            out = target.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=16, do_sample=False)
+        seqs.append((out[0].tolist(), [0] * ids.shape[1] + [1] * 16))
+    table = NgramLookup.build(seqs, max_order=3, heldout_share=0.0)
+    kwargs = {"lookup": table, "tree_budget": 0, "tree_max_nodes": 4, "policy": "fixed"}
+    rows = run_demo(target, drafter, max_new_tokens=16, generate_kwargs=kwargs)
+    assert len(rows) == 3 and all(r.identical and r.new_tokens == 16 for r in rows)
+    assert all(r.tau >= 2.0 for r in rows)  # 16 tokens in at most 8 forwards (prefill included)
+    plain = run_demo(target, drafter, max_new_tokens=16)  # transformers' assisted loop, untrained drafter
+    assert all(r.identical for r in plain) and max(r.tau for r in plain) < min(r.tau for r in rows)
+
+
+def test_demo_rejects_a_negative_branch_width(capsys):
+    with pytest.raises(SystemExit):
+        demo_main(["--toy", "--branches", "-1"])
+    assert "--branches takes a node count >= 0" in capsys.readouterr().err
+    from dspark_hf.testbed.demo import prepare_demo
+
+    with pytest.raises(ValueError, match="branches must be an integer >= 0"):
+        prepare_demo(toy=True, branches=-2)
+
+
 def test_cli_lists_commands_and_rejects_unknown(capsys):
     assert cli_main([]) == 0
     assert "demo" in capsys.readouterr().out

@@ -96,11 +96,27 @@ def _timed_generate(target, inputs, **kwargs) -> tuple[torch.Tensor, float]:
 
 
 def run_demo(target, drafter, tokenizer=None, prompts=None, max_new_tokens: int = 64,
-             speculative_target=None) -> list[DemoRow]:
+             speculative_target=None, generate_kwargs: dict[str, Any] | None = None) -> list[DemoRow]:
     """Per prompt: target-only greedy decoding on `target`, then speculative decoding with `drafter` (on
-    `speculative_target`, e.g. a prepacked copy of `target`, when given), timed back to back."""
+    `speculative_target`, e.g. a prepacked copy of `target`, when given), timed back to back.
+
+    Speculative decoding is `target.generate(**inputs, assistant_model=drafter)` (transformers' assisted loop), or,
+    with `generate_kwargs` (e.g. `lookup=`, `tree_budget=0`, `tree_max_nodes=4`), `target.generate(**inputs,
+    custom_generate=dspark_hf.speculative_generate, drafter=drafter, **generate_kwargs)` (this package's loop, the one
+    that verifies trees). tau counts the speculative target's forwards (prefill included) either way."""
+    from ..decoding.batched import speculative_generate
+
     rows = []
     spec_target = target if speculative_target is None else speculative_target
+    if generate_kwargs is None:
+        spec_kwargs: dict[str, Any] = {"assistant_model": drafter}
+    else:
+        spec_kwargs = {"custom_generate": speculative_generate, "drafter": drafter, **generate_kwargs}
+    forwards = [0]
+
+    def count(module, args, output) -> None:
+        forwards[0] += 1
+
     prompts = prompts or (DEFAULT_PROMPTS if tokenizer is not None else [None] * 3)
     for i, prompt in enumerate(prompts):
         if tokenizer is not None:
@@ -118,16 +134,20 @@ def run_demo(target, drafter, tokenizer=None, prompts=None, max_new_tokens: int 
         inputs = {k: v.to(target.device) for k, v in inputs.items()}
         _timed_generate(target, inputs, max_new_tokens=4, do_sample=False)  # warm-up
         if i == 0:
-            _timed_generate(spec_target, inputs, assistant_model=drafter, max_new_tokens=8, do_sample=False)
+            _timed_generate(spec_target, inputs, max_new_tokens=8, do_sample=False, **spec_kwargs)
         ref, t_ref = _timed_generate(target, inputs, max_new_tokens=max_new_tokens, do_sample=False)
-        out, t_spec = _timed_generate(spec_target, inputs, assistant_model=drafter, max_new_tokens=max_new_tokens,
-                                      do_sample=False)
+        forwards[0] = 0
+        hook = spec_target.register_forward_hook(count)
+        try:
+            out, t_spec = _timed_generate(spec_target, inputs, max_new_tokens=max_new_tokens, do_sample=False,
+                                          **spec_kwargs)
+        finally:
+            hook.remove()
         n_new = out.shape[1] - inputs["input_ids"].shape[1]
         n_ref = ref.shape[1] - inputs["input_ids"].shape[1]
         new_ids = out[0, inputs["input_ids"].shape[1]:]
         text = tokenizer.decode(new_ids, skip_special_tokens=True) if tokenizer is not None else str(new_ids.tolist())
-        stats = drafter.last_speculation_stats
-        rows.append(DemoRow(prompt=prompt, text=text, new_tokens=n_new, tau=n_new / stats.target_forwards,
+        rows.append(DemoRow(prompt=prompt, text=text, new_tokens=n_new, tau=n_new / max(1, forwards[0]),
                             spec_tokens_per_s=n_new / t_spec, target_tokens_per_s=n_ref / t_ref,
                             identical=torch.equal(out, ref)))
     return rows
@@ -158,6 +178,7 @@ class DemoSetup:
     tokenizer: Any
     description: str = ""
     speculative_target: PreTrainedModel | None = None  # what speculative decoding runs on (None: `target`)
+    generate_kwargs: dict[str, Any] | None = None  # this package's loop with these (`run_demo`); None: assistant_model
 
 
 TOY_NOTE = ("--toy: a small RANDOM Llama target and an UNTRAINED DSpark drafter.\nIts drafts are almost never "
@@ -166,7 +187,7 @@ TOY_NOTE = ("--toy: a small RANDOM Llama target and an UNTRAINED DSpark drafter.
 
 def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = None, toy: bool = False,
                  draft_head_dtype: str | torch.dtype | None = None, lookup: bool = True,
-                 prepack: bool = True, gqa_attention: bool = True) -> DemoSetup:
+                 prepack: bool = True, gqa_attention: bool = True, branches: int = 0) -> DemoSetup:
     """The demo's target and drafter: the toy pair (`toy`), or the target (`load_target`: registry name or folder)
     with the drafter folder `drafter`, else with its release drafter (`ValueError` when it has none).
     `draft_head_dtype` (`"int8"`, `"float16"`, `"bfloat16"`, `"float32"` or a dtype) goes to
@@ -176,10 +197,18 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
     prepacked copy of the target (`prepack_linears`: verifying a few tokens costs little more than one) whose
     multi-token forwards skip `repeat_kv` copies (`use_gqa_attention`), with the target's shipped n-gram lookup
     drafts tried before the drafter's, and each round's length chosen from the cost curve profiled here
-    (`set_assist(lookup, sps=...)`). `lookup=False` / `prepack=False` / `gqa_attention=False` turn those off;
-    target-only decoding always runs on the unmodified target."""
+    (`set_assist(lookup, sps=...)`, transformers' assisted loop). `branches=W` instead verifies the lookup's
+    continuation as a branch next to the drafter's chain, at most W nodes every round, in one forward
+    (`target.generate(..., custom_generate=dspark_hf.speculative_generate, drafter=..., lookup=..., tree_budget=0,
+    tree_max_nodes=W, policy="fixed")`): the fastest configuration on the AMD EPYC VM of an earlier session (4 nodes,
+    1.86x of target-only), slower than the default on a Zen 2 VM whose 8-token forward costs 1.68x one token (1.18x
+    against 1.30x, side by side: `scripts/bench_lookup_tables.py --assist`). `lookup=False` / `prepack=False` /
+    `gqa_attention=False`
+    turn those off; target-only decoding always runs on the unmodified target."""
     from .release import RELEASES, load_release_drafter, load_release_lookup
 
+    if isinstance(branches, bool) or not isinstance(branches, int) or branches < 0:
+        raise ValueError(f"branches must be an integer >= 0 (nodes verified per round; 0: no branches), got {branches!r}")
     torch.manual_seed(0)
     description = ""
     if toy:
@@ -221,7 +250,11 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
             notes.append("grouped-query attention without repeat_kv copies")
         drafter_model.bind_target(setup.speculative_target)
     table = load_release_lookup(target) if lookup and not drafter else None
-    if table is not None:
+    if table is not None and branches:
+        setup.generate_kwargs = {"lookup": table, "tree_budget": 0, "tree_max_nodes": branches, "policy": "fixed"}
+        notes.append(f"n-gram lookup drafts ({len(table):,} n-grams) verified as a branch next to the drafter's "
+                     f"chain, at most {branches} nodes per round (dspark_hf.speculative_generate)")
+    elif table is not None:
         from ..decoding.sps import profile_batch1_sps
 
         sps = profile_batch1_sps(setup.speculative_target or target_model)
@@ -248,6 +281,11 @@ def main(argv: list[str] | None = None) -> list[DemoRow]:
     parser.add_argument("--prompt", action="append", help="prompt text (repeatable)")
     parser.add_argument("--no-lookup", action="store_true",
                         help="drafter drafts only (default for a registered target: its n-gram lookup drafts first)")
+    parser.add_argument("--branches", type=int, default=0, metavar="W",
+                        help="with lookup drafts: verify the lookup's continuation as a branch next to the drafter's "
+                             "chain, at most W nodes every round (4 was the fastest width on a CPU whose multi-token "
+                             "forwards cost barely more than one token; slower where they cost more). Default 0: one "
+                             "source per round, its length from the cost curve profiled in the run")
     parser.add_argument("--no-prepack", action="store_true",
                         help="run speculative decoding on the plain target (default on a CPU: prepacked linears)")
     parser.add_argument("--no-gqa-attention", action="store_true",
@@ -257,14 +295,16 @@ def main(argv: list[str] | None = None) -> list[DemoRow]:
                         help="draft from the LM head in this weight dtype (int8 / float16: fbgemm kernels, the "
                              "cheapest drafting rounds on a CPU; default: the head itself; lossless either way)")
     args = parser.parse_args(argv)
+    if args.branches < 0:
+        parser.error(f"--branches takes a node count >= 0 (0: no branches), got {args.branches}")
     if not args.toy and not args.drafter and args.target not in RELEASES:
         parser.error(f"no release drafter for {args.target!r}: pass --drafter FOLDER (or use --toy)")
     setup = prepare_demo(args.target, args.drafter, args.toy, args.draft_head_dtype, lookup=not args.no_lookup,
-                         prepack=not args.no_prepack, gqa_attention=not args.no_gqa_attention)
+                         prepack=not args.no_prepack, gqa_attention=not args.no_gqa_attention, branches=args.branches)
     if setup.description:
         print(setup.description)
     rows = run_demo(setup.target, setup.drafter, setup.tokenizer, args.prompt, args.max_new_tokens,
-                    speculative_target=setup.speculative_target)
+                    speculative_target=setup.speculative_target, generate_kwargs=setup.generate_kwargs)
     print(format_rows(rows))
     return rows
 
