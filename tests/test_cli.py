@@ -43,7 +43,7 @@ def test_demo_runs_this_packages_loop_with_lookup_branches_losslessly():
     assert all(r.identical for r in plain) and max(r.tau for r in plain) < min(r.tau for r in rows)
 
 
-def test_demo_rejects_a_negative_branch_width(capsys):
+def test_demo_rejects_a_negative_branch_width_and_branches_without_lookup_drafts(capsys):
     with pytest.raises(SystemExit):
         demo_main(["--toy", "--branches", "-1"])
     assert "--branches takes a node count >= 0" in capsys.readouterr().err
@@ -51,6 +51,11 @@ def test_demo_rejects_a_negative_branch_width(capsys):
 
     with pytest.raises(ValueError, match="branches must be an integer >= 0"):
         prepare_demo(toy=True, branches=-2)
+    with pytest.raises(ValueError, match="need a registered target's release drafter with lookup=True"):
+        prepare_demo(toy=True, branches=4)  # the toy pair has no lookup table: never silently without branches
+    with pytest.raises(SystemExit):
+        demo_main(["--toy", "--branches", "4"])
+    assert "(not --toy, --drafter or --no-lookup)" in capsys.readouterr().err
 
 
 def test_cli_lists_commands_and_rejects_unknown(capsys):

@@ -35,35 +35,36 @@ def git_commit(cwd: str | os.PathLike | None = None) -> str | None:
         return None
 
 
-def cpu_model() -> str:
-    """The CPU's model name (Linux `/proc/cpuinfo`), or "" where it cannot be read."""
+def _cpuinfo(path: str | os.PathLike = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor's fields of Linux `/proc/cpuinfo` ("model name", "cpu family", "model", "flags", ...), or
+    an empty dict where the file cannot be read."""
+    fields: dict[str, str] = {}
     try:
-        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+        with open(path, encoding="utf-8", errors="replace") as f:
             for line in f:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                if not line.strip():
+                    if fields:  # the first processor's block is enough
+                        break
+                    continue
+                key, sep, value = line.partition(":")
+                if sep:
+                    fields.setdefault(key.strip(), value.strip())
     except OSError:
         pass
-    return ""
+    return fields
+
+
+def cpu_model(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
+    """The CPU's model name (Linux `/proc/cpuinfo`), or "" where it cannot be read."""
+    return _cpuinfo(cpuinfo).get("model name", "")
 
 
 def cpu_signature(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
     """The CPU's family / model numbers and widest vector unit, e.g. "family 23 model 49, AVX2" (Linux
     `/proc/cpuinfo`), or "" where they cannot be read. Virtual machines often report a bare name ("AMD EPYC") for
     CPUs of different generations whose cost curves differ; these numbers tell them apart."""
-    fields: dict[str, str] = {}
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                key, sep, value = line.partition(":")
-                key = key.strip()
-                if sep and key in ("cpu family", "model") and key not in fields:
-                    fields[key] = value.strip()
-                if not line.strip() and fields:  # the first processor's block is enough
-                    break
-    except OSError:
-        return ""
-    flags = cpu_flags(cpuinfo)
+    fields = _cpuinfo(cpuinfo)
+    flags = set(fields.get("flags", "").split())
     simd = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
     parts = []
     if "cpu family" in fields and "model" in fields:
@@ -75,14 +76,7 @@ def cpu_signature(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> str:
 
 def cpu_flags(cpuinfo: str | os.PathLike = "/proc/cpuinfo") -> set[str]:
     """The CPU's feature flags (Linux `/proc/cpuinfo`), or an empty set where they cannot be read."""
-    try:
-        with open(cpuinfo, encoding="utf-8", errors="replace") as f:
-            for line in f:
-                if line.startswith("flags"):
-                    return set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    return set()
+    return set(_cpuinfo(cpuinfo).get("flags", "").split())
 
 
 def cpu_has_native_bf16(flags: set[str] | None = None) -> bool | None:

@@ -202,13 +202,16 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
     (`target.generate(..., custom_generate=dspark_hf.speculative_generate, drafter=..., lookup=..., tree_budget=0,
     tree_max_nodes=W, policy="fixed")`): the fastest configuration on the AMD EPYC VM of an earlier session (4 nodes,
     1.86x of target-only), slower than the default on a Zen 2 VM whose 8-token forward costs 1.68x one token (1.18x
-    against 1.30x, side by side: `scripts/bench_lookup_tables.py --assist`). `lookup=False` / `prepack=False` /
-    `gqa_attention=False`
-    turn those off; target-only decoding always runs on the unmodified target."""
+    against 1.30x, side by side: `scripts/bench_lookup_tables.py --assist`); it needs the lookup drafts (a
+    `ValueError` otherwise). `lookup=False` / `prepack=False` / `gqa_attention=False` turn those off; target-only
+    decoding always runs on the unmodified target."""
     from .release import RELEASES, load_release_drafter, load_release_lookup
 
     if isinstance(branches, bool) or not isinstance(branches, int) or branches < 0:
         raise ValueError(f"branches must be an integer >= 0 (nodes verified per round; 0: no branches), got {branches!r}")
+    if branches and (toy or drafter or not lookup):
+        raise ValueError("branches verify the release lookup table's drafts next to the drafter's: they need a "
+                         "registered target's release drafter with lookup=True (not the toy pair or a drafter folder)")
     torch.manual_seed(0)
     description = ""
     if toy:
@@ -230,6 +233,9 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
     drafter_model.set_draft_head_dtype(draft_head_dtype)  # (a dtype name works too)
     setup = DemoSetup(target_model, drafter_model, tokenizer, description)
     if toy or target_model.device.type != "cpu":
+        if branches:
+            raise ValueError(f"the demo sets up lookup drafts (and so branches) on a CPU only; the target is on "
+                             f"{target_model.device}")
         return setup
     notes = []
     from ..models.prepacked import prepack_linears, prepacked_available
@@ -297,6 +303,9 @@ def main(argv: list[str] | None = None) -> list[DemoRow]:
     args = parser.parse_args(argv)
     if args.branches < 0:
         parser.error(f"--branches takes a node count >= 0 (0: no branches), got {args.branches}")
+    if args.branches and (args.toy or args.drafter or args.no_lookup):
+        parser.error("--branches verifies the release lookup table's drafts next to the drafter's: it needs a "
+                     "registered target's release drafter with lookup drafts (not --toy, --drafter or --no-lookup)")
     if not args.toy and not args.drafter and args.target not in RELEASES:
         parser.error(f"no release drafter for {args.target!r}: pass --drafter FOLDER (or use --toy)")
     setup = prepare_demo(args.target, args.drafter, args.toy, args.draft_head_dtype, lookup=not args.no_lookup,
