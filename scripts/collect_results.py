@@ -347,7 +347,7 @@ SECTIONS = [
      "--prompt-lookup 10 --prompts 6 --out results/lookup_branch_width_smollm2_r2"),
     ("lookup_tree_vs_chain_smollm2/results.md",
      "Tree vs chain with the same drafter and lookup at batch 1, on a Zen 2 VM (AMD EPYC family 23 model 49, AVX2; a "
-     "batch-1 forward of 8 tokens 1.68x one token): lookup branches at 4 nodes (`release+branches`, policy fixed) vs "
+     "batch-1 forward of 8 tokens 1.67-1.68x one token with another job on the other core, 1.34x without): lookup branches at 4 nodes (`release+branches`, policy fixed) vs "
      "the lookup-then-drafter chain (`release+lookup`, the demo's default), the lookup alone, the drafter alone and "
      "prompt lookup (issues 13, 14)",
      "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 --assist "

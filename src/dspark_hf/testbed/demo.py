@@ -201,7 +201,7 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
     continuation as a branch next to the drafter's chain, at most W nodes every round, in one forward
     (`target.generate(..., custom_generate=dspark_hf.speculative_generate, drafter=..., lookup=..., tree_budget=0,
     tree_max_nodes=W, policy="fixed")`): the fastest configuration on the AMD EPYC VM of an earlier session (4 nodes,
-    1.86x of target-only), slower than the default on a Zen 2 VM whose 8-token forward costs 1.68x one token (1.18x
+    1.86x of target-only), slower than the default on a Zen 2 VM whose 8-token forward cost 1.34-1.68x one token (1.18x
     against 1.30x, side by side: `scripts/bench_lookup_tables.py --assist`); it needs the lookup drafts (a
     `ValueError` otherwise). `lookup=False` / `prepack=False` / `gqa_attention=False` turn those off; target-only
     decoding always runs on the unmodified target."""
