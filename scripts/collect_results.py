@@ -357,6 +357,15 @@ SECTIONS = [
      "the other core from MATH500 on; issues 13, 14)",
      "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 --branch-policies "
      "fixed scheduled --assist --prompt-lookup 10 --prompts 6 --out results/lookup_tree_scheduled_smollm2"),
+    ("lookup_tree_vs_chain_smollm2_idle/results.md",
+     "The tree vs chain comparison again on the same Zen 2 VM with nothing else running (issues 13, 14)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 --assist "
+     "--prompt-lookup 10 --prompts 6 --out results/lookup_tree_vs_chain_smollm2_idle"),
+    ("lookup_narrow_branches_smollm2/results.md",
+     "Narrower lookup branches (2, 3, 4 nodes, policy fixed) against the lookup-then-drafter chain, the same Zen 2 VM "
+     "with nothing else running (issue 13)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 2 3 4 --assist "
+     "--prompt-lookup 0 --prompts 6 --out results/lookup_narrow_branches_smollm2"),
     ("lookup_qwen2.5-coder-0.5b/results.md",
      "Qwen2.5-Coder-0.5B-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only and prompt "
      "lookup (issue 14 part 5)",
