@@ -2,7 +2,7 @@
 
     python scripts/bench_lookup_tables.py --table release=release --table all=/path/to/all.safetensors \
         --out results/lookup_tables_smollm2 [--sets humaneval mt_bench ...] [--prompts 4] [--max-new-tokens 64] \
-        [--branches 4 8 12] [--branch-policies fixed scheduled] [--assist] [--drafter-chain]
+        [--branches 4 8 12] [--branch-policies fixed scheduled] [--branch-lookup-max 0 16] [--assist] [--drafter-chain]
 
 Batch 1, greedy, one run: per prompt, target-only first, then for every table (in the order given) the lookup alone
 (`LookupAssistant`, round lengths from the batch-1 cost curve profiled in the run) and the release configuration
@@ -11,6 +11,8 @@ at batch 1, `tree_budget=0, tree_max_nodes=W`, one method per W given), plus tra
 `--assist` adds, per table, `release+lookup[<table>]`: the same drafter and lookup as one *chain* per round (lookup
 drafts when they pay, else the drafter's; `drafter.set_assist(lookup, sps=...)` through `target.generate(assistant_model=
 drafter)`, what `dspark-hf demo --branches 0` runs), the chain the `+branches` tree is measured against (issue 13).
+`--branch-lookup-max N` gives the `+branches` methods `lookup_max_tokens=N` (suffix `-LN`): the rounds the drafter gate
+gives to the lookup alone propose up to N drafts, free of the node cap, their length chosen on the batch-1 cost curve.
 `--drafter-chain` adds `release`: the release drafter alone through `target.generate(assistant_model=drafter)`.
 The target runs prepacked with the GQA attention path, as in `dspark-hf compare --prepack --gqa-attention`. Every
 output is checked token for token against target-only; tau is new tokens per target forward (prefill included).
@@ -61,6 +63,10 @@ def main() -> None:
     p.add_argument("--branch-policies", nargs="+", default=["fixed"], choices=["fixed", "scheduled"],
                    help="policy of the `+branches` methods, one method per value (scheduled: each round's nodes "
                         "chosen from the confidences and the cost curve, `dspark_hf.SPSCache` profiled once)")
+    p.add_argument("--branch-lookup-max", type=int, nargs="+", default=[0], metavar="N",
+                   help="lookup_max_tokens of the `+branches` methods, one method per value: rounds that verify the "
+                        "lookup alone propose up to N drafts and, under `fixed`, choose their length on the batch-1 "
+                        "cost curve (the one the chain uses); 0: a block, capped by the node count (the default)")
     p.add_argument("--assist", action="store_true",
                    help="also `release+lookup[<table>]`: lookup, then drafter, as one chain per round (set_assist)")
     p.add_argument("--drafter-chain", action="store_true",
@@ -77,6 +83,8 @@ def main() -> None:
     prepack_linears(target)
     use_gqa_attention(target)
     widths = [w for w in args.branches if w > 0]
+    if any(n < 0 for n in args.branch_lookup_max):
+        p.error(f"--branch-lookup-max takes draft counts >= 1 (0: a block), got {args.branch_lookup_max}")
     if any(w < 0 for w in args.branches):
         p.error(f"--branches takes node counts >= 1 (0: skip), got {args.branches}")
     drafter = load_release_drafter(args.target, target).eval() if widths or args.assist or args.drafter_chain else None
@@ -96,11 +104,16 @@ def main() -> None:
                                                                   sps=sps)
         for w in widths:
             for policy in args.branch_policies:
-                name = "release+branches" + (str(w) if len(widths) > 1 else "")
-                name += ("-" + policy if len(args.branch_policies) > 1 else "") + f"[{label}]"
-                extra = {"sps": sps_cache} if policy == "scheduled" else {}
-                runners[name] = batched_runner(target, args.max_new_tokens, drafter, lookup=table, tree_budget=0,
-                                               tree_max_nodes=w, policy=policy, **extra)
+                for lookup_max in args.branch_lookup_max:
+                    name = "release+branches" + (str(w) if len(widths) > 1 else "")
+                    name += "-" + policy if len(args.branch_policies) > 1 else ""
+                    name += f"-L{lookup_max}" if lookup_max else ""
+                    extra = {"sps": sps_cache} if policy == "scheduled" else {}
+                    if lookup_max:
+                        extra.update(lookup_max_tokens=lookup_max, sps=extra.get("sps", sps))
+                    runners[name + f"[{label}]"] = batched_runner(target, args.max_new_tokens, drafter, lookup=table,
+                                                                  tree_budget=0, tree_max_nodes=w, policy=policy,
+                                                                  **extra)
     methods = list(runners)
     rows: dict[str, dict[str, dict]] = {}
     for i, name in enumerate(args.sets):
@@ -133,6 +146,7 @@ def main() -> None:
              + " ".join(f"--table {label}={path}" for label, path in args.table)
              + f" --sets {' '.join(args.sets)} --prompts {args.prompts} --max-new-tokens {args.max_new_tokens} "
              f"--branches {' '.join(map(str, args.branches))} --branch-policies {' '.join(args.branch_policies)} "
+             f"--branch-lookup-max {' '.join(map(str, args.branch_lookup_max))} "
              f"--prompt-lookup {args.prompt_lookup}"
              + (" --assist" if args.assist else "") + (" --drafter-chain" if args.drafter_chain else "")
              + f" --out {args.out}`.",

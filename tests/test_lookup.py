@@ -816,8 +816,8 @@ def test_the_drafter_gate_decides_from_what_each_lookup_bin_realized():
 @pytest.mark.parametrize("policy", ["fixed", "scheduled", "async"])
 def test_gated_lookup_branch_rounds_verify_the_lookup_alone_and_stay_lossless(policy, monkeypatch):
     """A lookup that memorised the rows and an untrained drafter: after the first timed rounds the gate takes rounds
-    from the drafter (lookup-only rounds), the output is still each row's greedy output; `drafter_gate=False`
-    drafts in every round."""
+    from the drafter (lookup-only rounds), the output is still each row's greedy output; `drafter_gate=False` (and
+    no idle backoff) drafts in every round."""
     import dspark_hf.decoding.round_state as round_state
 
     target = make_target("llama", vocab_size=96, seed=0)
@@ -830,12 +830,87 @@ def test_gated_lookup_branch_rounds_verify_the_lookup_alone_and_stay_lossless(po
     kw = dict(max_new_tokens=24, policy=policy, sps=sps_curve, lookup=lookup, tree_budget=0, record_rounds=True,
               return_dict_in_generate=True)
     gated = dspark_hf.generate(target, drafter, ids, mask, **kw)
-    always = dspark_hf.generate(target, drafter, ids, mask, drafter_gate=False, **kw)
+    # (the idle backoff's own lookup-only rounds depend on measured time: off here)
+    always = dspark_hf.generate(target, drafter, ids, mask, drafter_gate=False, idle_backoff=False, **kw)
     for out in (gated, always):
         for row, prompt in enumerate(PROMPTS[:2]):
             assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 24), (policy, row)
     assert any(r.lookup_only for r in gated.rounds)
     assert not any(r.lookup_only for r in always.rounds)
+
+
+@pytest.mark.parametrize("policy", ["fixed", "scheduled"])
+def test_lookup_max_tokens_frees_the_lookups_own_rounds_from_the_node_cap(policy, monkeypatch):
+    """`lookup_max_tokens`: the rounds the gate gives to the lookup alone propose up to that many drafts and are not
+    held to `tree_max_nodes`, so a lookup that memorised the rows verifies its long runs (fewer rounds than under the
+    cap) and the output stays each row's greedy output; drafting rounds still keep the cap. Without it, no round
+    verifies more than the cap."""
+    import dspark_hf.decoding.round_state as round_state
+
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=4)
+    lookup = _lookup_from_target(target, PROMPTS[:2], n=24)
+    ids, mask = left_pad(PROMPTS[:2])
+    monkeypatch.setattr(round_state.DrafterGate, "observe", lambda self, seconds, drafter_seconds=0.0,
+                        chain_survival=None, **_: _observe_as(self, drafter_seconds, chain_survival))
+    kw = dict(max_new_tokens=24, policy=policy, sps=lambda b: 1.0 / (1.0 + 0.001 * b), lookup=lookup, tree_budget=0,
+              tree_max_nodes=2, record_rounds=True, return_dict_in_generate=True)  # (a flat curve: long runs pay)
+    capped = dspark_hf.generate(target, drafter, ids, mask, **kw)
+    free = dspark_hf.generate(target, drafter, ids, mask, lookup_max_tokens=12, **kw)
+    for out in (capped, free):
+        for row, prompt in enumerate(PROMPTS[:2]):
+            assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 24), (policy, row)
+
+    def verified(out, lookup_only):
+        return [int(r.lengths.max() if r.tree_verified is None else r.tree_verified.max())
+                for r in out.rounds if r.lookup_only == lookup_only]
+
+    assert max(verified(capped, True) + verified(capped, False)) <= 2
+    assert max(verified(free, True)) > 4  # past the cap and past a block
+    assert max(verified(free, False), default=0) <= 2  # a drafting round: still capped
+    assert sum(r.rounds for r in free.stats) < sum(r.rounds for r in capped.stats)
+    one = dspark_hf.generate(target, drafter, torch.tensor([PROMPTS[1]]), lookup_max_tokens=12, **kw)
+    assert one.sequences[0, len(PROMPTS[1]):].tolist() == greedy_reference(target, PROMPTS[1], 24)
+
+
+def test_fixed_lookup_rounds_price_their_length_on_the_cost_curve_given():
+    """Under "fixed" with `sps`, a round of the lookup alone verifies the width that maximises expected tokens per
+    second on the whole curve: a steep curve verifies fewer of the same drafts than a flat one, and a curve where
+    no draft pays verifies none (plain steps); without `sps` the whole proposal is verified."""
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=4)
+    lookup = _lookup_from_target(target, PROMPTS[:1], n=24)
+    x = torch.tensor([PROMPTS[0]])
+    kw = dict(max_new_tokens=24, policy="fixed", lookup=lookup, lookup_max_tokens=12, record_rounds=True,
+              return_dict_in_generate=True, idle_backoff=True)
+    gate = dspark_hf.decoding.round_state.DrafterGate
+
+    def run(**extra):
+        out = dspark_hf.generate(target, drafter, x, tree_budget=0, **kw, **extra)
+        assert out.sequences[0, x.shape[1]:].tolist() == greedy_reference(target, PROMPTS[0], 24)
+        return [int(r.lengths.max()) for r in out.rounds if r.lookup_only]
+
+    import unittest.mock as mock
+    with mock.patch.object(gate, "runs_drafter", lambda self, proposals: False):  # every round: the lookup alone
+        whole = run()
+        flat = run(sps=lambda b: 1.0 / (1.0 + 0.001 * b))
+        steep = run(sps=lambda b: 1.0 / (1.0 + 0.3 * b))
+        never = run(sps=lambda b: 1.0 / b ** 2)
+    assert whole and flat and steep and never
+    assert max(whole) >= max(flat) > max(steep) >= 1 and max(whole) > 2
+    assert max(never) == 0  # (plain steps, recorded as the lookup's rounds that verified nothing)
+
+
+def test_lookup_max_tokens_is_checked():
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=4)
+    lookup = _lookup_from_target(target, PROMPTS[:1], n=8)
+    x = torch.tensor([PROMPTS[0]])
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="lookup_max_tokens must be an integer >= 1"):
+            dspark_hf.generate(target, drafter, x, max_new_tokens=4, lookup=lookup, lookup_max_tokens=bad)
+    with pytest.raises(ValueError, match="needs lookup="):
+        dspark_hf.generate(target, drafter, x, max_new_tokens=4, lookup_max_tokens=8)
 
 
 def _observe_as(gate, drafter_seconds, chain_survival):

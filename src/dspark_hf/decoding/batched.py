@@ -106,7 +106,7 @@ from .policy_memory import LearnedState, PolicyMemory
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, DrafterGate, GrowthClock, IdleBackoff,
                           LengthPolicy, MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, Riders,
                           RowOutputs, RowStats, target_layer_ids)
-from .scheduler import POLICIES, cap_tree, sps_values
+from .scheduler import POLICIES, cap_tree, schedule_width, sps_values
 from .sps import RowScaledCost, SPSTable, profile_sps, target_fingerprint
 from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, lookup_branches, plans_growth
 from .tree_attention import check_tree_attention, verification_inputs
@@ -472,6 +472,7 @@ def generate(
     lookup: Any = None,
     lookup_rounds: bool = True,
     drafter_gate: bool = True,
+    lookup_max_tokens: int | None = None,
     padded_pricing: bool = True,
     ragged_verification: bool | None = None,
     measured_cost: bool = True,
@@ -565,6 +566,17 @@ def generate(
             drafter added beyond the lookup's, measured, against the seconds of both kinds of round:
             `round_state.DrafterGate`); otherwise it verifies the lookup's drafts alone. False: the drafter drafts in
             every round.
+        lookup_max_tokens: with `lookup`, the most drafts a round that verifies the lookup's drafts alone proposes per
+            row (a round the drafter gate skips, or a lookup-only round of the idle backoff), and those rounds are no
+            longer held to `tree_max_nodes` (a cap on the drafter's and the lookup's nodes together): the lookup's
+            long runs (a repeated identifier, a copied line) are its strength. Their lengths: the other policies
+            schedule them as before; "fixed" without `sps` verifies the whole proposal. "fixed" with a cost curve
+            `sps` (the batch-1 curve `set_assist`'s chain uses): such a round verifies the width that maximises
+            expected tokens per second for the rows' survival on the whole curve (`scheduler.schedule_width(
+            early_stop=False)`), the lookup's estimates corrected by what its past rounds accepted
+            (`OnlineCalibration`). A whole-curve search reads every estimate before choosing; lookup estimates depend
+            on the sequence alone, so it is lossless here. Drafting rounds still merge at most a block of the lookup's
+            drafts. None (default): a block, capped by `tree_max_nodes`, as before.
         padded_pricing: for "scheduled" / "async": price each verification forward as the rectangle it runs (every
             row padded to the widest: `scheduler.schedule_width`, `schedule_tree(padded=True)`), so the policy picks
             one width per round that pays for all rows. False: Algorithm 1's ragged pricing (B = sum of per-row
@@ -613,6 +625,10 @@ def generate(
                          "chain) or do_sample=False")
     if lookup is not None:
         lookup.check_vocab(int(target.get_output_embeddings().weight.shape[0]))
+    if lookup_max_tokens is not None and (lookup is None or isinstance(lookup_max_tokens, bool)
+                                          or not isinstance(lookup_max_tokens, int) or lookup_max_tokens < 1):
+        raise ValueError(f"lookup_max_tokens must be an integer >= 1 and needs lookup=; got lookup_max_tokens="
+                         f"{lookup_max_tokens!r}, lookup={'None' if lookup is None else type(lookup).__name__}")
     if tree_max_nodes is not None and (tree_budget is None or isinstance(tree_max_nodes, bool)
                                        or not isinstance(tree_max_nodes, int) or tree_max_nodes < 1):
         raise ValueError(f"tree_max_nodes must be an integer >= 1 and needs tree_budget; got tree_max_nodes="
@@ -622,9 +638,13 @@ def generate(
         attention = check_tree_attention(target, probe=True)
     branches = spec is not None and lookup is not None  # the lookup's continuation merged into each tree
     # lookup branches: rounds where the lookup alone is expected to do better skip the drafter (`DrafterGate`)
-    gate = DrafterGate(cap=tree_max_nodes) if branches and drafter_gate else None
+    gate = (DrafterGate(cap=tree_max_nodes if lookup_max_tokens is None else None)
+            if branches and drafter_gate else None)
     # tokens per row of a verification forward (lookup branches: up to block_size more nodes)
     width_max = 1 + block_size + (spec.budget if spec is not None else 0) + (block_size if branches else 0)
+    lookup_max = block_size if lookup_max_tokens is None else lookup_max_tokens  # (rounds of the lookup alone)
+    if speculate and lookup is not None:
+        width_max = max(width_max, 1 + lookup_max)
     ragged = is_prepacked(target)
     if ragged_verification and not ragged:
         raise ValueError("ragged_verification=True needs a target whose linears are prepacked "
@@ -638,6 +658,9 @@ def generate(
     if priced:
         sps = resolve_sps(target, sps, max_tokens=input_ids.shape[0] * width_max, rows=input_ids.shape[0])
     cost = MeasuredCost(sps) if priced and measured_cost else (sps if priced else None)
+    lookup_cost = None  # "fixed" with `sps` and `lookup_max_tokens`: the curve its rounds are chosen on (greedy)
+    if speculate and lookup_max_tokens is not None and policy == "fixed" and sps is not None:
+        lookup_cost = resolve_sps(target, sps, max_tokens=input_ids.shape[0] * width_max, rows=input_ids.shape[0])
     if policy_memory is not None and not priced:
         raise ValueError(f"policy_memory carries what the priced policies learn: it needs policy 'scheduled' or "
                          f"'async' with speculate=True, got policy={policy!r}, speculate={speculate}")
@@ -653,7 +676,8 @@ def generate(
     growth = GrowthClock(priced=planned)
     choose = LengthPolicy(policy, block_size, cost, threshold, clock, growth=growth, padded=padded_pricing,
                           calibration=OnlineCalibration() if priced and online_calibration else None,
-                          lookup_calibration=OnlineCalibration() if priced and online_calibration else None)
+                          lookup_calibration=(OnlineCalibration() if (priced or lookup_cost is not None)
+                                              and online_calibration else None))
     backoff = IdleBackoff(enabled=idle_backoff and priced)
     # lookup-only rounds skip their proposals while they do not pay, only where those cost > 5% of a round
     lookup_backoff = IdleBackoff(enabled=True)
@@ -731,24 +755,24 @@ def generate(
         proposals, gated = None, False  # lookup branches: the lookup's proposals first; the gate may skip the drafter
         if branches and not skipped:
             gate_start = time.perf_counter()
-            proposals = lookup_proposals(block_size)
+            proposals = lookup_proposals(max(block_size, lookup_max))  # (a drafting round merges a block of them)
             gated = gate is not None and not gate.runs_drafter(proposals)
             gate_seconds = time.perf_counter() - gate_start
         if gated:  # the lookup alone is expected to emit faster than with the drafter's forward (`DrafterGate`)
             from_lookup = True
-            block = lookup_block(proposals, block_size, vocab_size, device=device)
-            proposed = torch.tensor([min(len(p.tokens), block_size) for p in proposals])
-            lengths = torch.minimum(choose.lengths(block, rows.ids, with_drafter=False).cpu(), proposed)
-            if tree_max_nodes is not None:
+            block = lookup_block(proposals, lookup_max, vocab_size, device=device)
+            proposed = torch.tensor([min(len(p.tokens), lookup_max) for p in proposals])
+            lengths = torch.minimum(_lookup_lengths(choose, block, rows.ids, lookup_cost), proposed)
+            if tree_max_nodes is not None and lookup_max_tokens is None:
                 lengths = lengths.clamp(max=tree_max_nodes)
             lengths = torch.minimum(lengths, outputs.remaining(rows.ids))
             width = 1 + int(lengths.max())
             draft_seconds = gate_seconds
         elif from_lookup:  # a lookup-only round: no drafter forward, priced without the drafter's time
             lookup_start = time.perf_counter()
-            proposals = lookup_proposals(block_size)
-            block = lookup_block(proposals, block_size, vocab_size, device=device)
-            lengths = choose.lengths(block, rows.ids, with_drafter=False)
+            proposals = lookup_proposals(lookup_max)
+            block = lookup_block(proposals, lookup_max, vocab_size, device=device)
+            lengths = _lookup_lengths(choose, block, rows.ids, lookup_cost)
             lookup_seconds = time.perf_counter() - lookup_start
             # (a kind that verified at a loss is skipped even where probes are cheap)
             lookup_backoff.observe(choose.pays(block, lengths, lookup_seconds=lookup_seconds),
@@ -803,7 +827,7 @@ def generate(
                 lookup_from = base.tokens.shape[1]  # the branch's own nodes start here (appended by lookup_branches)
                 if base.survival is not None:
                     chain_survival = base.survival[:, : base.num_chain]
-                drafted = lookup_branches(base, proposals)
+                drafted = lookup_branches(base, [p.truncate(block_size) for p in proposals])
                 draft_seconds += time.perf_counter() - branch_start + gate_seconds
             if drafted is None:  # the chain's round, verified exactly as tree_budget=None verifies it (no tree mask)
                 block = drafting.chain
@@ -946,6 +970,22 @@ def generate(
     return DSparkGenerateOutput(sequences=sequences, stats=outputs.stats, num_generated=outputs.num_generated,
                                 policy=policy, peak_cache_columns=rows.peak_columns,
                                 rounds=records if record_rounds else None)
+
+
+def _lookup_lengths(choose: LengthPolicy, block: Any, rows: torch.Tensor, lookup_cost: Any) -> torch.Tensor:
+    """`[R]` (CPU) lengths of a round that verifies the lookup's drafts alone: the policy's own (priced policies:
+    scheduled without the drafter's time; "fixed": the whole block), or with `lookup_cost` (`lookup_max_tokens` with
+    "fixed" and `sps`) the best width on the whole curve for the rows' calibrated survival, priced as the padded
+    rectangle the round runs (`schedule_width(early_stop=False)`; on one row `schedule_prefix`'s whole-curve search,
+    what `set_assist`'s chain runs). The whole-curve search is lossless here: lookup estimates depend on the sequence
+    alone, never on a draft the target has not fixed."""
+    if lookup_cost is None and choose.name == "fixed":  # the whole block of the lookup's drafts
+        return torch.full((len(rows),), block.tokens.shape[1], dtype=torch.long)
+    if lookup_cost is None:
+        return choose.lengths(block, rows, with_drafter=False).cpu()
+    if isinstance(lookup_cost, RowScaledCost):
+        lookup_cost.rows = len(rows)
+    return schedule_width(choose._conf(block.confidences, lookup_only=True), lookup_cost, early_stop=False).cpu()
 
 
 def _round_record(ids: torch.Tensor, block: Any, tree: Any, spec: TreeSpec | None, lengths: torch.Tensor,

@@ -794,14 +794,14 @@ class LengthPolicy:
 
     def _tree_survival(self, tree: DraftTree, lookup_from: int | None = None) -> torch.Tensor:
         """The tree's survival estimates, corrected: nodes `lookup_from..` (a lookup branch's own nodes,
-        `tree.lookup_branches`) by `lookup_calibration`, the others by `calibration`; then made non-increasing from
-        parent to child again (two sources' corrections differ), so that what a policy keeps is still a tree."""
+        `tree.lookup_branches`) by `lookup_calibration`, the others by `calibration` (each where it exists); then made
+        non-increasing from parent to child again (two sources' corrections differ), so that what a policy keeps is
+        still a tree."""
         survival = tree.survival.detach().float().cpu()
-        if lookup_from is None or self.calibration is None or self.lookup_calibration is None:
+        if lookup_from is None or self.lookup_calibration is None:
             return self._survival(survival)
         from_lookup = torch.arange(survival.shape[1]) >= lookup_from
-        out = torch.where(from_lookup[None, :], self.lookup_calibration.survival(survival),
-                          self.calibration.survival(survival))
+        out = torch.where(from_lookup[None, :], self.lookup_calibration.survival(survival), self._survival(survival))
         parents = tree.parents.cpu()
         for node in range(lookup_from, out.shape[1]):  # (parents precede children; below lookup_from: one source)
             parent = parents[:, node]
@@ -815,8 +815,7 @@ class LengthPolicy:
         estimates of the verified drafts (`verified`: lengths `[R]` of a chain, or the `[R, N]` admitted nodes of a
         tree) and the accepted counts `[R]`. A tree with a lookup branch (its own nodes from `lookup_from` on) and its
         accepted nodes `accepted_nodes` `[R, N]` feeds each source's calibration with its own nodes."""
-        calibration = self.lookup_calibration if lookup_only else self.calibration
-        if calibration is None or block is None:
+        if block is None:
             return
         if (isinstance(block, DraftTree) and block.survival is not None and lookup_from is not None
                 and accepted_nodes is not None and self.lookup_calibration is not None):
@@ -824,7 +823,12 @@ class LengthPolicy:
             verified, accepted_nodes = verified.cpu().bool(), accepted_nodes.cpu().bool()
             from_lookup = (torch.arange(survival.shape[1]) >= lookup_from)[None, :].expand_as(verified)
             for source, mask in ((self.calibration, ~from_lookup), (self.lookup_calibration, from_lookup)):
+                if source is None:  # ("fixed" with `lookup_max_tokens` and `sps`: the lookup's calibration alone)
+                    continue
                 source.observe(survival.masked_fill(~mask, 0.0), verified & mask, (accepted_nodes & mask).sum(dim=1))
+            return
+        calibration = self.lookup_calibration if lookup_only else self.calibration
+        if calibration is None:
             return
         if isinstance(block, DraftTree):
             if block.survival is not None:
