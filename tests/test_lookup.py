@@ -901,28 +901,6 @@ def test_fixed_lookup_rounds_price_their_length_on_the_cost_curve_given():
     assert max(never) == 0  # (plain steps, recorded as the lookup's rounds that verified nothing)
 
 
-def test_fixed_tree_rounds_with_a_cost_curve_verify_what_pays_on_it():
-    """Under "fixed" with `sps` and `lookup_max_tokens`, a drafting round with a lookup branch verifies the nodes that
-    maximise expected tokens per second on the whole curve (`batched._curve_admit`): on a flat curve every node up to
-    the cap, on a steep one fewer, and the output stays the target's own greedy output either way."""
-    target = make_target("llama", vocab_size=96, seed=0)
-    drafter = make_drafter(target, block_size=4)
-    lookup = _lookup_from_target(target, PROMPTS[:2], n=24, noise_seed=3)
-    ids, mask = left_pad(PROMPTS[:2])
-    kw = dict(max_new_tokens=24, policy="fixed", lookup=lookup, tree_budget=0, tree_max_nodes=6, drafter_gate=False,
-              lookup_max_tokens=8, record_rounds=True, return_dict_in_generate=True)
-
-    def tree_widths(sps):
-        out = dspark_hf.generate(target, drafter, ids, mask, sps=sps, **kw)
-        for row, prompt in enumerate(PROMPTS[:2]):
-            assert generated_rows(out, ids.shape[1])[row] == greedy_reference(target, prompt, 24), row
-        return [int(r.tree_verified.sum()) for r in out.rounds if not r.lookup_only]
-
-    flat, steep = tree_widths(lambda b: 1.0 / (1.0 + 0.001 * b)), tree_widths(lambda b: 1.0 / (1.0 + 0.5 * b))
-    assert max(flat) == 12 and sum(flat) / len(flat) > sum(steep) / len(steep)  # 2 rows x the cap
-    assert max(steep) < 12
-
-
 def test_lookup_max_tokens_is_checked():
     target = make_target("llama", vocab_size=96, seed=0)
     drafter = make_drafter(target, block_size=4)

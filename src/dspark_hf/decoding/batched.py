@@ -106,7 +106,7 @@ from .policy_memory import LearnedState, PolicyMemory
 from .round_state import (PRICED_POLICIES, ActiveRows, BranchBackoff, DrafterGate, GrowthClock, IdleBackoff,
                           LengthPolicy, MeasuredCost, OnlineCalibration, RealizedGain, RoundClock, RoundRecord, Riders,
                           RowOutputs, RowStats, target_layer_ids)
-from .scheduler import POLICIES, cap_tree, schedule_tree, schedule_width, sps_values
+from .scheduler import POLICIES, cap_tree, schedule_width, sps_values
 from .sps import RowScaledCost, SPSTable, profile_sps, target_fingerprint
 from .tree import DraftTree, TreeDrafting, TreeSpec, draft_tree_for, lookup_branches, plans_growth
 from .tree_attention import check_tree_attention, verification_inputs
@@ -571,14 +571,12 @@ def generate(
             longer held to `tree_max_nodes` (a cap on the drafter's and the lookup's nodes together): the lookup's
             long runs (a repeated identifier, a copied line) are its strength. Their lengths: the other policies
             schedule them as before; "fixed" without `sps` verifies the whole proposal. "fixed" with a cost curve
-            `sps` (the batch-1 curve `set_assist`'s chain uses) becomes a whole-curve policy: such a round verifies
-            the width that maximises expected tokens per second for the rows' survival, and with lookup branches
-            (greedy) a drafting round verifies the nodes that do (`_curve_admit`: `scheduler.schedule_tree(
-            early_stop=False, padded=True)`, then `tree_max_nodes`), the lookup's estimates corrected by what its past
-            rounds accepted (`OnlineCalibration`). A whole-curve search reads every estimate before choosing; lookup
-            estimates depend on the sequence alone, and greedy output does not depend on what is verified, so it is
-            lossless where it applies. Drafting rounds still merge at most a block of the lookup's drafts. None
-            (default): a block, capped by `tree_max_nodes`, as before.
+            `sps` (the batch-1 curve `set_assist`'s chain uses): such a round verifies the width that maximises
+            expected tokens per second for the rows' survival on the whole curve (`scheduler.schedule_width(
+            early_stop=False)`), the lookup's estimates corrected by what its past rounds accepted
+            (`OnlineCalibration`). A whole-curve search reads every estimate before choosing; lookup estimates depend
+            on the sequence alone, so it is lossless here. Drafting rounds still merge at most a block of the lookup's
+            drafts. None (default): a block, capped by `tree_max_nodes`, as before.
         padded_pricing: for "scheduled" / "async": price each verification forward as the rectangle it runs (every
             row padded to the widest: `scheduler.schedule_width`, `schedule_tree(padded=True)`), so the policy picks
             one width per round that pays for all rows. False: Algorithm 1's ragged pricing (B = sum of per-row
@@ -834,8 +832,7 @@ def generate(
             if drafted is None:  # the chain's round, verified exactly as tree_budget=None verifies it (no tree mask)
                 block = drafting.chain
                 chain = DraftTree.from_block(block)
-                admitted = (choose.admit(chain, rows.ids) if lookup_cost is None  # = schedule_prefix on a chain
-                            else _curve_admit(choose, chain, lookup_cost))
+                admitted = choose.admit(chain, rows.ids)  # = schedule_prefix on a chain (async: one node history)
                 if tree_max_nodes is not None:
                     admitted = _cap_nodes(chain, admitted, tree_max_nodes)
                 if backoff.enabled:
@@ -846,8 +843,7 @@ def generate(
                 lengths = torch.minimum(admitted.sum(dim=1), outputs.remaining(rows.ids))
                 width = 1 + int(lengths.max())
             else:
-                admitted = (choose.admit(drafted, rows.ids, lookup_from=lookup_from) if lookup_cost is None
-                            else _curve_admit(choose, drafted, lookup_cost, lookup_from))
+                admitted = choose.admit(drafted, rows.ids, lookup_from=lookup_from)
                 if tree_max_nodes is not None:  # the most likely nodes within the width
                     admitted = _cap_nodes(drafted, admitted, tree_max_nodes)
                 steps = drafting.steps if drafting is not None else 0
@@ -990,20 +986,6 @@ def _lookup_lengths(choose: LengthPolicy, block: Any, rows: torch.Tensor, lookup
     if isinstance(lookup_cost, RowScaledCost):
         lookup_cost.rows = len(rows)
     return schedule_width(choose._conf(block.confidences, lookup_only=True), lookup_cost, early_stop=False).cpu()
-
-
-def _curve_admit(choose: LengthPolicy, tree: DraftTree, cost: Any, lookup_from: int | None = None) -> torch.Tensor:
-    """`[R, N]` (CPU) nodes of a greedy tree round under "fixed" with a cost curve: the padded levels that maximise
-    expected tokens per second on the whole curve (`schedule_tree(early_stop=False, padded=True)`), each source's
-    estimates corrected by its calibration where it has one. Greedy output does not depend on what is verified, so
-    the whole-curve search is lossless here (lookup branches are greedy-only)."""
-    valid = tree.valid.cpu()
-    if tree.survival is None:
-        return valid
-    if isinstance(cost, RowScaledCost):
-        cost.rows = valid.shape[0]
-    survival = choose._tree_survival(tree, lookup_from).masked_fill(~valid, 0.0)
-    return schedule_tree(survival, valid, cost, early_stop=False, padded=True) & valid
 
 
 def _round_record(ids: torch.Tensor, block: Any, tree: Any, spec: TreeSpec | None, lengths: torch.Tensor,
