@@ -39,6 +39,10 @@ def test_demo_runs_this_packages_loop_with_lookup_branches_losslessly():
     rows = run_demo(target, drafter, max_new_tokens=16, generate_kwargs=kwargs)
     assert len(rows) == 3 and all(r.identical and r.new_tokens == 16 for r in rows)
     assert all(r.tau >= 2.0 for r in rows)  # 16 tokens in at most 8 forwards (prefill included)
+    # what `prepare_demo(branches=W)` passes: the lookup's own rounds up to 16 drafts, lengths from a cost curve
+    free = run_demo(target, drafter, max_new_tokens=16,
+                    generate_kwargs={**kwargs, "lookup_max_tokens": 16, "sps": lambda b: 1.0 / (1.0 + 0.01 * b)})
+    assert all(r.identical and r.new_tokens == 16 for r in free) and all(r.tau >= 2.0 for r in free)
     plain = run_demo(target, drafter, max_new_tokens=16)  # transformers' assisted loop, untrained drafter
     assert all(r.identical for r in plain) and max(r.tau for r in plain) < min(r.tau for r in rows)
 

@@ -1071,6 +1071,7 @@ def speculative_generate(
     tree_max_children: int = 4,
     tree_max_nodes: int | None = None,
     lookup: Any = None,
+    lookup_max_tokens: int | None = None,
     policy_memory: PolicyMemory | None = None,
     **model_kwargs: Any,
 ) -> torch.LongTensor | DSparkGenerateOutput:
@@ -1081,7 +1082,8 @@ def speculative_generate(
     `import dspark_hf` hands the streamer on (transformers alone drops it for callables; `_dspark_takes_streamer`).
     Pass `sps=dspark_hf.SPSCache()` (or a table) to profile the cost curve once across calls. `tree_budget=N`
     decodes tree drafts (also at batch size 1: the way to get trees through `target.generate`), `tree_max_nodes=K`
-    verifies at most K of each tree's nodes; `policy_memory=dspark_hf.PolicyMemory()` carries what the policy learned
+    verifies at most K of each tree's nodes, `lookup=` adds n-gram lookup drafts (`lookup_max_tokens=N`: up to N in
+    the rounds they are verified alone); `policy_memory=dspark_hf.PolicyMemory()` carries what the policy learned
     from call to call."""
     if drafter is None and speculate:
         raise ValueError("speculative_generate needs drafter=<DSparkDrafter> (pass it to target.generate)")
@@ -1109,8 +1111,8 @@ def speculative_generate(
         threshold=threshold, stopping_criteria=StoppingCriteriaList(custom) if custom else None,
         streamer=None if streamer is None else _PromptAlreadyStreamed(streamer), generator=generator,
         speculate=speculate, tree_budget=tree_budget, tree_max_children=tree_max_children,
-        tree_max_nodes=tree_max_nodes, lookup=lookup, policy_memory=policy_memory,
-        **model_kwargs,
+        tree_max_nodes=tree_max_nodes, lookup=lookup, lookup_max_tokens=lookup_max_tokens,
+        policy_memory=policy_memory, **model_kwargs,
     )
 
 

@@ -200,9 +200,11 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
     (`set_assist(lookup, sps=...)`, transformers' assisted loop). `branches=W` instead verifies the lookup's
     continuation as a branch next to the drafter's chain, at most W nodes every round, in one forward
     (`target.generate(..., custom_generate=dspark_hf.speculative_generate, drafter=..., lookup=..., tree_budget=0,
-    tree_max_nodes=W, policy="fixed")`): the fastest configuration on the AMD EPYC VM of an earlier session (4 nodes,
-    1.86x of target-only), slower than the default on a Zen 2 VM whose 8-token forward cost 1.34-1.68x one token (1.18x
-    against 1.30x, side by side: `scripts/bench_lookup_tables.py --assist`); it needs the lookup drafts (a
+    tree_max_nodes=W, policy="fixed", lookup_max_tokens=16, sps=<the curve profiled here>)`: rounds where the drafter
+    does not pay verify up to 16 lookup drafts alone, as many as pay on the curve): the fastest configuration on the
+    AMD EPYC VM of an earlier session (4 nodes, 1.86x of target-only), slower than the default on a Zen 2 VM whose
+    8-token forward cost 1.34-1.68x one token (1.18x against 1.30x, side by side: `scripts/bench_lookup_tables.py
+    --assist`) and on a Zen 3 VM (1.27x against 1.31x with `lookup_max_tokens=16`); it needs the lookup drafts (a
     `ValueError` otherwise). `lookup=False` / `prepack=False` / `gqa_attention=False` turn those off; target-only
     decoding always runs on the unmodified target."""
     from .release import RELEASES, load_release_drafter, load_release_lookup
@@ -256,14 +258,17 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
             notes.append("grouped-query attention without repeat_kv copies")
         drafter_model.bind_target(setup.speculative_target)
     table = load_release_lookup(target) if lookup and not drafter else None
-    if table is not None and branches:
-        setup.generate_kwargs = {"lookup": table, "tree_budget": 0, "tree_max_nodes": branches, "policy": "fixed"}
-        notes.append(f"n-gram lookup drafts ({len(table):,} n-grams) verified as a branch next to the drafter's "
-                     f"chain, at most {branches} nodes per round (dspark_hf.speculative_generate)")
-    elif table is not None:
+    if table is not None:
         from ..decoding.sps import profile_batch1_sps
 
         sps = profile_batch1_sps(setup.speculative_target or target_model)
+    if table is not None and branches:
+        setup.generate_kwargs = {"lookup": table, "tree_budget": 0, "tree_max_nodes": branches, "policy": "fixed",
+                                 "lookup_max_tokens": 16, "sps": sps}
+        notes.append(f"n-gram lookup drafts ({len(table):,} n-grams) verified as a branch next to the drafter's "
+                     f"chain, at most {branches} nodes per round, or alone (up to 16, lengths from the cost curve "
+                     f"measured now) where the drafter does not pay (dspark_hf.speculative_generate)")
+    elif table is not None:
         drafter_model.set_assist(table, sps=sps)
         ratio = float(sps.steps_per_second(1) / sps.steps_per_second(8))
         notes.append(f"n-gram lookup drafts ({len(table):,} n-grams) before the drafter's, round lengths from the "
