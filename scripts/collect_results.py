@@ -366,6 +366,21 @@ SECTIONS = [
      "with nothing else running (issue 13)",
      "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 2 3 4 --assist "
      "--prompt-lookup 0 --prompts 6 --out results/lookup_narrow_branches_smollm2"),
+    ("lookup_branch_lookup_max_smollm2/results.md",
+     "Lookup branches whose lookup-only rounds propose up to 16 drafts free of the node cap (`lookup_max_tokens`), "
+     "lengths from the batch-1 curve, against the chain, a Zen 3 VM (issue 13)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 "
+     "--branch-lookup-max 0 16 --assist --prompt-lookup 10 --prompts 6 --out results/lookup_branch_lookup_max_smollm2"),
+    ("drafter_prepack_smollm2/results.md",
+     "The release drafter's own linears prepacked or not, the drafter alone and the lookup-then-drafter chain, a "
+     "Zen 3 VM (issue 14 part 4)",
+     "OMP_NUM_THREADS=1 python scripts/bench_drafter_prepack.py --prompts 6 --out results/drafter_prepack_smollm2"),
+    ("lookup_branch_curve_smollm2/results.md",
+     "The same with the drafting rounds' trees priced on the whole batch-1 curve too (commit 92cefad, taken out "
+     "after: no gain), 4 and 8 nodes, a Zen 3 VM (issue 13)",
+     "git checkout 92cefad && OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release "
+     "--branches 4 8 --branch-lookup-max 16 --assist --prompt-lookup 0 --prompts 6 --out "
+     "results/lookup_branch_curve_smollm2"),
     ("lookup_qwen2.5-coder-0.5b/results.md",
      "Qwen2.5-Coder-0.5B-Instruct at batch 1: n-gram lookup drafts and prepacked linears vs target-only and prompt "
      "lookup (issue 14 part 5)",
