@@ -13,6 +13,8 @@ drafts when they pay, else the drafter's; `drafter.set_assist(lookup, sps=...)` 
 drafter)`, what `dspark-hf demo --branches 0` runs), the chain the `+branches` tree is measured against (issue 13).
 `--branch-lookup-max N` gives the `+branches` methods `lookup_max_tokens=N` (suffix `-LN`): the rounds the drafter gate
 gives to the lookup alone propose up to N drafts, free of the node cap, their length chosen on the batch-1 cost curve.
+`--assist-gated` adds the same chain (and, with `--drafter-chain`, the drafter alone) with `set_assist(realized_gate=
+True)`, suffix `/gated`: the drafter runs only while its rounds emit tokens faster than plain steps, both timed.
 `--drafter-chain` adds `release`: the release drafter alone through `target.generate(assistant_model=drafter)`.
 The target runs prepacked with the GQA attention path, as in `dspark-hf compare --prepack --gqa-attention`. Every
 output is checked token for token against target-only; tau is new tokens per target forward (prefill included).
@@ -69,6 +71,9 @@ def main() -> None:
                         "cost curve (the one the chain uses); 0: a block, capped by the node count (the default)")
     p.add_argument("--assist", action="store_true",
                    help="also `release+lookup[<table>]`: lookup, then drafter, as one chain per round (set_assist)")
+    p.add_argument("--assist-gated", action="store_true",
+                   help="also the `--assist` / `--drafter-chain` methods with `set_assist(realized_gate=True)` (suffix "
+                        "`/gated`): the drafter runs only while its rounds emit faster than plain steps, timed")
     p.add_argument("--drafter-chain", action="store_true",
                    help="also `release`: the release drafter alone (target.generate(assistant_model=drafter))")
     p.add_argument("--out", type=Path, required=True)
@@ -96,12 +101,17 @@ def main() -> None:
         runners["prompt-lookup"] = prompt_lookup_runner(target, args.max_new_tokens, args.prompt_lookup)
     if args.drafter_chain:
         runners["release"] = greedy_runner(target, args.max_new_tokens, assistant_model=drafter)
+        if args.assist_gated:
+            runners["release/gated"] = assisted_runner(target, args.max_new_tokens, drafter, realized_gate=True)
     for label, table in tables.items():
         runners[f"lookup[{label}]"] = greedy_runner(target, args.max_new_tokens,
                                                     assistant_model=LookupAssistant(table, target, sps=sps))
         if args.assist:
             runners[f"release+lookup[{label}]"] = assisted_runner(target, args.max_new_tokens, drafter, lookup=table,
                                                                   sps=sps)
+            if args.assist_gated:
+                runners[f"release+lookup/gated[{label}]"] = assisted_runner(target, args.max_new_tokens, drafter,
+                                                                            lookup=table, sps=sps, realized_gate=True)
         for w in widths:
             for policy in args.branch_policies:
                 for lookup_max in args.branch_lookup_max:
@@ -148,7 +158,8 @@ def main() -> None:
              f"--branches {' '.join(map(str, args.branches))} --branch-policies {' '.join(args.branch_policies)} "
              f"--branch-lookup-max {' '.join(map(str, args.branch_lookup_max))} "
              f"--prompt-lookup {args.prompt_lookup}"
-             + (" --assist" if args.assist else "") + (" --drafter-chain" if args.drafter_chain else "")
+             + (" --assist" if args.assist else "") + (" --assist-gated" if args.assist_gated else "")
+             + (" --drafter-chain" if args.drafter_chain else "")
              + f" --out {args.out}`.",
              "", "Tables:", ""]
     for label, path in args.table:

@@ -371,6 +371,11 @@ SECTIONS = [
      "lengths from the batch-1 curve, against the chain, a Zen 3 VM (issue 13)",
      "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 "
      "--branch-lookup-max 0 16 --assist --prompt-lookup 10 --prompts 6 --out results/lookup_branch_lookup_max_smollm2"),
+    ("assist_realized_gate_smollm2/results.md",
+     "The drafter alone and the lookup-then-drafter chain with and without the realized gate "
+     "(`set_assist(realized_gate=True)`), a Zen 3 VM (issue 14 part 4)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 0 --assist "
+     "--assist-gated --drafter-chain --prompt-lookup 0 --prompts 6 --out results/assist_realized_gate_smollm2"),
     ("drafter_prepack_smollm2/results.md",
      "The release drafter's own linears prepacked or not, the drafter alone and the lookup-then-drafter chain, a "
      "Zen 3 VM (issue 14 part 4)",

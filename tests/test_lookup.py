@@ -13,7 +13,7 @@ import pytest
 import torch
 
 import dspark_hf
-from conftest import (bias_markov_head, exact_joint, fixed_confidence_drafter, generated_rows, greedy_continuation,
+from conftest import (oracle_for, bias_markov_head, exact_joint, fixed_confidence_drafter, generated_rows, greedy_continuation,
                       greedy_reference, left_pad, make_drafter, make_target, sps_curve)
 from dspark_hf.models.candidate_generator import AssistOptions, LookupAssistant
 from dspark_hf.models.lookup import LookupContext, NgramLookup, _suffix_hashes, _window_hashes
@@ -353,6 +353,99 @@ def test_drafter_backs_off_while_its_rounds_verify_nothing():
         else:  # 1 + 1 skipped, 1 + 3, 1 + 7, then 1 + 8 each: 38 steps need 6 drafter rounds
             assert len(calls) <= most < steps
     drafter.set_assist()
+
+
+class _FakeClock:
+    """A clock that advances only where a test says: `tick` seconds per call of what it wraps."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+    def wrap(self, fn, seconds):
+        def timed(*a, **k):
+            self.now += seconds
+            return fn(*a, **k)
+        return timed
+
+
+def _clocked(monkeypatch, target, drafter, draft_seconds, forward_seconds=0.1):
+    """The realized gate's clock, advanced by `draft_seconds` per drafter call and `forward_seconds` per target
+    forward; returns the list the drafter's calls are counted in."""
+    import dspark_hf.models.candidate_generator as candidate_generator
+
+    clock, calls = _FakeClock(), []
+    monkeypatch.setattr(candidate_generator, "_clock", clock)
+    original = drafter.draft
+    drafter.draft = clock.wrap(lambda *a, **k: calls.append(1) or original(*a, **k), draft_seconds)
+    target.register_forward_pre_hook(lambda *_: setattr(clock, "now", clock.now + forward_seconds))
+    return calls
+
+
+def test_realized_gate_skips_a_drafter_whose_rounds_emit_slower_than_plain_steps(monkeypatch):
+    """`set_assist(realized_gate=True)`: a drafter whose rounds take 10x a plain step and accept little is run only
+    to keep its evidence current (plain steps in between, `stats.drafter_skips`), and the output is the target's
+    own greedy output; without the gate it drafts every round."""
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = make_drafter(target, block_size=4)
+    calls = _clocked(monkeypatch, target, drafter, draft_seconds=1.0)
+    ids = torch.tensor([PROMPTS[1]])
+    ref = greedy_continuation(target, ids, 40)
+    for gate in (False, True):
+        calls.clear()
+        drafter.set_assist(realized_gate=gate)
+        out = target.generate(ids, assistant_model=drafter, max_new_tokens=40, do_sample=False)
+        assert torch.equal(out[:, ids.shape[1]:], ref)
+        stats = drafter.last_speculation_stats
+        if gate:
+            assert stats.drafter_skips >= 20 and len(calls) <= 8  # 2 measured, then 1 per 8 skips
+        else:
+            assert stats.drafter_skips == 0 and len(calls) == stats.rounds + stats.plain_steps
+    drafter.set_assist()
+    assert drafter.assist_options is None
+
+
+def test_realized_gate_keeps_a_drafter_that_emits_faster(monkeypatch):
+    """A drafter whose drafts the target accepts (an oracle for the target's greedy continuation), free on the
+    clock: past the one plain step that measures the plain rate, every round drafts."""
+    target = make_target("llama", vocab_size=96, seed=0)
+    drafter = oracle_for(target, correct=4, block_size=4)
+    calls = _clocked(monkeypatch, target, drafter, draft_seconds=0.0)
+    ids = torch.tensor([PROMPTS[1]])
+    drafter.set_assist(realized_gate=True)
+    out = target.generate(ids, assistant_model=drafter, max_new_tokens=40, do_sample=False)
+    drafter.set_assist()
+    assert torch.equal(out[:, ids.shape[1]:], greedy_continuation(target, ids, 40))
+    stats = drafter.last_speculation_stats
+    assert stats.drafter_skips == 1 and stats.plain_steps == 1 and len(calls) == stats.rounds
+    assert stats.mean_accepted_length > 4
+
+
+def test_sampling_with_the_realized_gate_matches_the_target_distribution(monkeypatch):
+    """The gate decides from past rounds' timings only: sampled output still follows the target (first 3 tokens
+    over 64 outcomes, within 2.5x the TV of exact sampling), with drafter rounds and gate skips both in the runs."""
+    target = make_target("llama", vocab_size=4, seed=3, sharpen=6.0)
+    drafter = make_drafter(target, block_size=3, markov_rank=4, seed=4)
+    calls = _clocked(monkeypatch, target, drafter, draft_seconds=1.0)
+    prompt, n_runs, n_tokens, temperature = [1, 2, 3, 1], 1000, 6, 0.9
+    exact = exact_joint(target, prompt, 3, temperature, None, None)
+    counts, skips = torch.zeros(64), 0
+    ids = torch.tensor([prompt])
+    drafter.set_assist(realized_gate=True)
+    for run in range(n_runs):
+        torch.manual_seed(run)
+        out = target.generate(ids, assistant_model=drafter, do_sample=True, max_new_tokens=n_tokens,
+                              temperature=temperature)
+        new = out[0, len(prompt):len(prompt) + 3].tolist()
+        counts[sum(t * 4 ** (2 - i) for i, t in enumerate(new))] += 1
+        skips += drafter.last_speculation_stats.drafter_skips
+    drafter.set_assist()
+    assert skips > 0 and len(calls) > n_runs
+    empirical = counts / n_runs
+    expected_tv = 0.5 * torch.sqrt(2 * exact * (1 - exact) / (math.pi * n_runs)).sum().item()
+    assert 0.5 * (empirical - exact).abs().sum().item() < 2.5 * expected_tv
 
 
 # ------------------------------------------------------------------------------------------------ batched loop

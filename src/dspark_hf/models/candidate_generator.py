@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import contextvars
 import functools
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -106,6 +107,7 @@ class SpeculationStats:
     proposed: list[int] = field(default_factory=list)
     lookup_rounds: int = 0  # rounds whose drafts came from the n-gram lookup (`DSparkDrafter.set_assist`)
     plain_steps: int = 0  # steps that verified no draft (nothing paid): one target token, not counted in `rounds`
+    drafter_skips: int = 0  # plain steps taken because drafter rounds emitted slower than plain ones (`_RealizedRates`)
 
     @property
     def rounds(self) -> int:
@@ -151,6 +153,14 @@ class AssistOptions:
             buying verification that does not pay. Past rounds only: lossless either way. Measured with lookup drafts
             at batch 1 (`scripts/bench_lookup.py --methods lookup lookup/uncalibrated`): geo-mean 1.18x vs 1.15x
             over target-only, MT-Bench 0.96x vs 0.89x.
+        realized_gate: run the drafter (in rounds where no lookup draft pays) only while its rounds have *emitted*
+            tokens at least as fast as plain steps in this call, both measured on the wall clock (`_RealizedRates`:
+            running means of each kind's seconds and emitted tokens per round, from one `get_candidates` call to the
+            next, so the drafter's own forward, the target's wider verification and the bookkeeping all count);
+            otherwise take a plain step, and try the drafter again after `_RealizedRates.explore_every` skips in a row
+            so that its evidence stays current. The length rule prices the target's forward and leaves the drafter's
+            time out (it is spent once the block exists); this rule is what prices it. Past rounds' timings only,
+            never a draw of this round: lossless, greedy and sampled.
     """
 
     lookup: Any = None
@@ -160,6 +170,7 @@ class AssistOptions:
     min_survival: float = 0.3
     drafter_backoff: bool = True
     online_calibration: bool = True
+    realized_gate: bool = False
     _cost_cache: dict = field(default_factory=dict, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -260,6 +271,50 @@ class _StopRules:
         return rules
 
 
+_clock = time.perf_counter  # (the realized gate's clock; tests replace it)
+
+
+@dataclass
+class _RealizedRates:
+    """What drafter rounds and plain steps of one call realized on the wall clock (`AssistOptions.realized_gate`).
+
+    A round is timed from one `get_candidates` call to the next (its drafting, the target's verification forward,
+    transformers' bookkeeping, the drafter's context update) and emits its accepted drafts plus one target token.
+    Per kind, running means (weight `decay` for a new round) of seconds and emitted tokens; the drafter runs iff its
+    tokens per second are at least plain steps', once the drafter has `min_rounds` rounds (before that it runs) and
+    plain steps one (a call whose drafter rounds leave no plain step to compare with takes one then). After
+    `explore_every` skips in a row the drafter runs once again."""
+
+    decay: float = 0.3
+    min_rounds: int = 2
+    explore_every: int = 8
+    seconds: dict = field(default_factory=dict)
+    tokens: dict = field(default_factory=dict)
+    rounds: dict = field(default_factory=dict)
+    skips: int = 0
+
+    def observe(self, kind: str, seconds: float, tokens: int) -> None:
+        old = self.seconds.get(kind)
+        self.seconds[kind] = seconds if old is None else (1 - self.decay) * old + self.decay * seconds
+        old = self.tokens.get(kind)
+        self.tokens[kind] = float(tokens) if old is None else (1 - self.decay) * old + self.decay * tokens
+        self.rounds[kind] = self.rounds.get(kind, 0) + 1
+
+    def runs_drafter(self) -> bool:
+        drafted, plain = self.rounds.get("drafter", 0), self.rounds.get("plain", 0)
+        if drafted < self.min_rounds:
+            return True
+        if plain == 0:  # nothing to compare with yet: one plain step measures it (plain steps vary little)
+            self.skips += 1
+            return False
+        rate = self.tokens["drafter"] / self.seconds["drafter"]
+        if rate >= self.tokens["plain"] / self.seconds["plain"] or self.skips >= self.explore_every:
+            self.skips = 0
+            return True
+        self.skips += 1
+        return False
+
+
 class DSparkCandidateGenerator(CandidateGenerator):
     """Drafts DSpark blocks for transformers' assisted-decoding loop (batch size 1)."""
 
@@ -286,6 +341,8 @@ class DSparkCandidateGenerator(CandidateGenerator):
         self.prefilled = False
         self._idle_rounds = 0  # consecutive drafter rounds whose schedule verified nothing
         self._skip_drafter = 0  # drafter rounds still to skip (AssistOptions.drafter_backoff)
+        self._rates = _RealizedRates() if self.assist.realized_gate else None
+        self._round: tuple[str, float] | None = None  # (kind, start) of the round in flight, for `_rates`
         # The latest call's statistics stay readable on the drafter (transformers creates this object per call).
         drafter.last_speculation_stats = self.stats
 
@@ -334,6 +391,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
             return input_ids, None
         if model_outputs is None or getattr(model_outputs, "hidden_states", None) is None:
             raise ValueError("DSparkCandidateGenerator needs the target's hidden states (model_outputs.hidden_states)")
+        if self._rates is not None:  # the round that just ended: its kind, seconds and emitted tokens
+            now = _clock()
+            if self._round is not None:
+                self._rates.observe(self._round[0], now - self._round[1], n_last_matches + 1)
+            self._round = None
         self._append_verified_rows(input_ids, model_kwargs or {}, model_outputs, n_last_matches)
 
         budget = self.max_length - input_ids.shape[1] - 1  # leave room for the target's own token
@@ -350,7 +412,14 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 return input_ids, None
         if self._skip_drafter > 0:  # recent drafter rounds verified nothing: a plain step, without the drafter's cost
             self._skip_drafter -= 1
+            if self._rates is not None:
+                self._round = ("plain", now)
             self.stats.plain_steps += 1
+            return input_ids, None
+        if self._rates is not None and not self._rates.runs_drafter():  # drafter rounds emit slower than plain ones
+            self._round = ("plain", now)
+            self.stats.plain_steps += 1
+            self.stats.drafter_skips += 1
             return input_ids, None
         device = self.drafter.device
         block = self.drafter.draft(
@@ -381,9 +450,13 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 self._skip_drafter = min(2 ** self._idle_rounds - 1, 8) if keep == 0 else 0
         keep = self._drafts_before_stop(input_ids, tokens, logits) if tokens.shape[1] else 0
         self._proposed = keep
-        if keep == 0:
+        if keep == 0:  # (the drafter's time spent on a plain step: a drafter round for `_rates`)
+            if self._rates is not None:
+                self._round = ("drafter", now)
             self.stats.plain_steps += 1
             return input_ids, None
+        if self._rates is not None:
+            self._round = ("drafter", now)
         return torch.cat([input_ids, tokens[:, :keep]], dim=-1), None if logits is None else logits[:, :keep]
 
     def _lookup_round(self, input_ids: torch.LongTensor, budget: int) -> tuple[torch.LongTensor, Any] | None:

@@ -701,7 +701,7 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return nn.functional.linear(hidden.to(weight.dtype), weight, bias)
 
     def set_assist(self, lookup: Any = None, *, sps: Any = None, use_drafter: bool = True,
-                   lookup_max_tokens: int = 16, min_survival: float = 0.3) -> None:
+                   lookup_max_tokens: int = 16, min_survival: float = 0.3, realized_gate: bool = False) -> None:
         """How `target.generate(..., assistant_model=self)` (batch size 1) picks each round's drafts; a runtime option
         (never saved). `set_assist()` restores the default (the whole block every round).
 
@@ -715,15 +715,18 @@ class DSparkDrafter(DSparkPreTrainedModel):
             lookup_max_tokens: the most lookup drafts per round.
             min_survival: without `sps`, lookup drafts are verified while their estimated prefix survival is at
                 least this.
+            realized_gate: run the drafter only while its rounds emit tokens at least as fast as plain steps, both
+                timed in this call (`AssistOptions.realized_gate`).
         Lossless either way (see `models/lookup.py` and `candidate_generator.AssistOptions`).
         """
         from .candidate_generator import AssistOptions
 
-        if lookup is None and sps is None and use_drafter:
+        if lookup is None and sps is None and use_drafter and not realized_gate:
             self.assist_options = None
             return
         self.assist_options = AssistOptions(lookup=lookup, lookup_max_tokens=lookup_max_tokens,
-                                            use_drafter=use_drafter, sps=sps, min_survival=min_survival)
+                                            use_drafter=use_drafter, sps=sps, min_survival=min_survival,
+                                            realized_gate=realized_gate)
 
     @property
     def draft_head_dtype(self) -> torch.dtype | None:

@@ -197,7 +197,9 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
     prepacked copy of the target (`prepack_linears`: verifying a few tokens costs little more than one) whose
     multi-token forwards skip `repeat_kv` copies (`use_gqa_attention`), with the target's shipped n-gram lookup
     drafts tried before the drafter's, and each round's length chosen from the cost curve profiled here
-    (`set_assist(lookup, sps=...)`, transformers' assisted loop). `branches=W` instead verifies the lookup's
+    (`set_assist(lookup, sps=..., realized_gate=True)`, transformers' assisted loop: the drafter runs only while its
+    rounds emit tokens faster than plain steps, timed in the call; with `lookup=False` the release drafter alone,
+    gated the same way). `branches=W` instead verifies the lookup's
     continuation as a branch next to the drafter's chain, at most W nodes every round, in one forward
     (`target.generate(..., custom_generate=dspark_hf.speculative_generate, drafter=..., lookup=..., tree_budget=0,
     tree_max_nodes=W, policy="fixed", lookup_max_tokens=16, sps=<the curve profiled here>)`: rounds where the drafter
@@ -269,10 +271,14 @@ def prepare_demo(target: str = "smollm2-135m-instruct", drafter: str | None = No
                      f"chain, at most {branches} nodes per round, or alone (up to 16, lengths from the cost curve "
                      f"measured now) where the drafter does not pay (dspark_hf.speculative_generate)")
     elif table is not None:
-        drafter_model.set_assist(table, sps=sps)
+        drafter_model.set_assist(table, sps=sps, realized_gate=True)
         ratio = float(sps.steps_per_second(1) / sps.steps_per_second(8))
         notes.append(f"n-gram lookup drafts ({len(table):,} n-grams) before the drafter's, round lengths from the "
-                     f"cost curve measured now (B=8 costs {ratio:.2f}x B=1)")
+                     f"cost curve measured now (B=8 costs {ratio:.2f}x B=1), the drafter run only while its rounds "
+                     f"emit faster than plain steps")
+    elif not drafter:  # the release drafter alone: it drafts only while its rounds emit faster than plain steps
+        drafter_model.set_assist(realized_gate=True)
+        notes.append("the drafter run only while its rounds emit tokens faster than plain steps, timed in the call")
     if notes:
         setup.description += "\nspeculative decoding with " + "; ".join(notes) + " (target-only: the plain target)"
     return setup
