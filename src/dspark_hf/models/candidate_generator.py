@@ -154,9 +154,9 @@ class AssistOptions:
             at batch 1 (`scripts/bench_lookup.py --methods lookup lookup/uncalibrated`): geo-mean 1.18x vs 1.15x
             over target-only, MT-Bench 0.96x vs 0.89x.
         realized_gate: run the drafter (in rounds where no lookup draft pays) only while its rounds have *emitted*
-            tokens at least as fast as plain steps in this call, both measured on the wall clock (`_RealizedRates`:
-            running means of each kind's seconds and emitted tokens per round, from one `get_candidates` call to the
-            next, so the drafter's own forward, the target's wider verification and the bookkeeping all count);
+            tokens at least as fast as plain steps in this call, both measured on the wall clock (`_RealizedRates`,
+            the batched loop's `RealizedGain`: each round timed from one `get_candidates` call to the next, so the
+            drafter's own forward, the target's wider verification and the bookkeeping all count);
             otherwise take a plain step, and try the drafter again after `_RealizedRates.explore_every` skips in a row
             so that its evidence stays current. The length rule prices the target's forward and leaves the drafter's
             time out (it is spent once the block exists); this rule is what prices it. Past rounds' timings only,
@@ -276,42 +276,42 @@ _clock = time.perf_counter  # (the realized gate's clock; tests replace it)
 
 @dataclass
 class _RealizedRates:
-    """What drafter rounds and plain steps of one call realized on the wall clock (`AssistOptions.realized_gate`).
+    """Whether the drafter runs this round (`AssistOptions.realized_gate`), from what drafter rounds and plain steps of
+    this call realized on the wall clock: the batched loop's `round_state.RealizedGain` (a plain step's seconds per
+    token; each drafter round's gain, its emitted tokens x that rate - its seconds; `pays`: the last few gained in
+    sum). A round is timed from one `get_candidates` call to the next (its drafting, the target's verification
+    forward, transformers' bookkeeping, the drafter's context update) and emits its accepted drafts plus one target
+    token. The drafter runs for its first `min_rounds` rounds; then, with no plain step measured yet, one plain step
+    measures the plain rate; from then on it runs while its rounds pay, and once again after `explore_every` skips in
+    a row, so that its evidence stays current."""
 
-    A round is timed from one `get_candidates` call to the next (its drafting, the target's verification forward,
-    transformers' bookkeeping, the drafter's context update) and emits its accepted drafts plus one target token.
-    Per kind, running means (weight `decay` for a new round) of seconds and emitted tokens; the drafter runs iff its
-    tokens per second are at least plain steps', once the drafter has `min_rounds` rounds (before that it runs) and
-    plain steps one (a call whose drafter rounds leave no plain step to compare with takes one then). After
-    `explore_every` skips in a row the drafter runs once again."""
-
-    decay: float = 0.3
     min_rounds: int = 2
     explore_every: int = 8
-    seconds: dict = field(default_factory=dict)
-    tokens: dict = field(default_factory=dict)
-    rounds: dict = field(default_factory=dict)
+    realized: Any = None
+    drafted: int = 0
     skips: int = 0
 
+    def __post_init__(self) -> None:
+        if self.realized is None:
+            from ..decoding.round_state import RealizedGain  # (decoding imports models: imported here)
+
+            self.realized = RealizedGain()
+
     def observe(self, kind: str, seconds: float, tokens: int) -> None:
-        old = self.seconds.get(kind)
-        self.seconds[kind] = seconds if old is None else (1 - self.decay) * old + self.decay * seconds
-        old = self.tokens.get(kind)
-        self.tokens[kind] = float(tokens) if old is None else (1 - self.decay) * old + self.decay * tokens
-        self.rounds[kind] = self.rounds.get(kind, 0) + 1
+        if kind == "plain":
+            self.realized.plain_round(seconds, 1)
+        else:
+            self.drafted += 1
+            self.realized.verifying_round(kind, seconds, tokens)
 
     def runs_drafter(self) -> bool:
-        drafted, plain = self.rounds.get("drafter", 0), self.rounds.get("plain", 0)
-        if drafted < self.min_rounds:
+        if self.drafted < self.min_rounds:
             return True
-        if plain == 0:  # nothing to compare with yet: one plain step measures it (plain steps vary little)
-            self.skips += 1
-            return False
-        rate = self.tokens["drafter"] / self.seconds["drafter"]
-        if rate >= self.tokens["plain"] / self.seconds["plain"] or self.skips >= self.explore_every:
+        if self.realized.plain_seconds_per_token is not None and (self.realized.pays("drafter")
+                                                                  or self.skips >= self.explore_every):
             self.skips = 0
             return True
-        self.skips += 1
+        self.skips += 1  # (no plain rate yet: this plain step measures it)
         return False
 
 
@@ -450,13 +450,11 @@ class DSparkCandidateGenerator(CandidateGenerator):
                 self._skip_drafter = min(2 ** self._idle_rounds - 1, 8) if keep == 0 else 0
         keep = self._drafts_before_stop(input_ids, tokens, logits) if tokens.shape[1] else 0
         self._proposed = keep
-        if keep == 0:  # (the drafter's time spent on a plain step: a drafter round for `_rates`)
-            if self._rates is not None:
-                self._round = ("drafter", now)
+        if self._rates is not None:  # (also where it verifies nothing: the drafter's time was spent)
+            self._round = ("drafter", now)
+        if keep == 0:
             self.stats.plain_steps += 1
             return input_ids, None
-        if self._rates is not None:
-            self._round = ("drafter", now)
         return torch.cat([input_ids, tokens[:, :keep]], dim=-1), None if logits is None else logits[:, :keep]
 
     def _lookup_round(self, input_ids: torch.LongTensor, budget: int) -> tuple[torch.LongTensor, Any] | None:
