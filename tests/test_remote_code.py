@@ -186,3 +186,16 @@ def test_custom_generate_refuses_a_target_the_drafter_was_not_built_for(tmp_path
     with pytest.raises(ValueError, match=r"drafter .*drafter' does not fit this target.*layer count"):
         deeper.generate(torch.tensor(PROMPT), custom_generate=str(tmp_path / "drafter"), trust_remote_code=True,
                         max_new_tokens=4)
+
+
+def test_models_files_import_only_each_other():
+    """`save_pretrained` copies `modeling_dspark.py` and every file it reaches by relative imports (transformers'
+    `custom_object_save`, which also reads imports inside functions). A relative import that leaves `models/`
+    (`from ..decoding import ...`) names a file that does not exist there and breaks every save: pin that none does."""
+    from transformers.dynamic_module_utils import get_relative_import_files
+
+    models = Path(dspark_hf.__file__).parent / "models"
+    reached = get_relative_import_files(str(models / "modeling_dspark.py"))
+    missing = [f for f in reached if not Path(f).is_file()]
+    assert not missing, f"modeling_dspark.py reaches files outside models/: {missing}"
+    assert str(models / "candidate_generator.py") in reached and str(models / "realized_gain.py") in reached

@@ -40,6 +40,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from ..models.drafting import DraftBlock, DSparkContextCache, valid_first_order
 from ..models.modeling_dspark import DSparkDrafter
+from ..models.realized_gain import RealizedGain  # (lives in models/: the batch-1 candidate generator uses it too)
 from .scheduler import (GrowthCost, WithRoundOverhead, async_lengths, async_tree, async_width, expected_throughput,
                         expected_tree_throughput, fixed_lengths, schedule_growth, schedule_prefix, schedule_tree,
                         schedule_width, sps_values, prefix_survival, threshold_lengths, threshold_tree)
@@ -1129,50 +1130,6 @@ class DrafterGate:
             return True
         self.skipped += 1
         return False
-
-
-@dataclass
-class RealizedGain:
-    """What the verifying rounds of each kind actually saved, measured, against the loop's own plain rounds.
-
-    The backoff decides on *expected* pay (calibrated survival on a cost curve); under load the curve and the
-    estimates can both be off by the few percent that decide it (at 64 rows a 2-token forward pays only where about
-    70% of the rows accept), and a kind of round that keeps verifying at a loss costs more than its probes. This keeps
-    the evidence: a plain round's seconds per row-step (an exponential average over plain rounds), and for each
-    verifying round of a kind ("drafter", "lookup") its gain, tokens emitted x that rate - its seconds (drafting,
-    bookkeeping and the wider forward included). `pays(kind)`: whether the last `window` verifying rounds of the kind
-    gained in sum (True until there is a plain rate and such a round). Past rounds only: decoding stays lossless.
-
-    Attributes:
-        window: verifying rounds remembered per kind.
-        plain_seconds_per_token: the plain rounds' average seconds per row-step (None before the first).
-        gains: kind -> the realized gains (seconds; negative: lost) of its last `window` verifying rounds.
-    """
-
-    window: int = 4
-    smoothing: float = 0.3
-    plain_seconds_per_token: float | None = None
-    gains: dict[str, list[float]] = field(default_factory=dict)
-
-    def plain_round(self, seconds: float, rows: int) -> None:
-        """A plain decoding round of `rows` rows took `seconds`."""
-        if rows <= 0 or seconds <= 0:
-            return
-        rate = seconds / rows
-        old = self.plain_seconds_per_token
-        self.plain_seconds_per_token = rate if old is None else (1 - self.smoothing) * old + self.smoothing * rate
-
-    def verifying_round(self, kind: str, seconds: float, tokens: int) -> None:
-        """A round of `kind` that verified drafts took `seconds` and emitted `tokens` row-steps (rows + accepted)."""
-        if self.plain_seconds_per_token is None:
-            return
-        gain = tokens * self.plain_seconds_per_token - seconds
-        self.gains[kind] = (self.gains.get(kind, []) + [gain])[-self.window:]
-
-    def pays(self, kind: str) -> bool:
-        """Whether the kind's recent verifying rounds gained in sum (True without evidence)."""
-        gains = self.gains.get(kind)
-        return not gains or sum(gains) >= 0.0
 
 
 @dataclass

@@ -45,6 +45,7 @@ from transformers.generation.stopping_criteria import (EosTokenCriteria, MaxLeng
 from transformers.generation.utils import GenerationMixin
 
 from .modeling_dspark import DSparkDrafter
+from .realized_gain import RealizedGain
 
 __all__ = ["AssistOptions", "DSparkCandidateGenerator", "LookupAssistant", "LookupCandidateGenerator",
            "SpeculationStats", "install_generate_hook", "is_dspark_drafter"]
@@ -287,14 +288,12 @@ class _RealizedRates:
 
     min_rounds: int = 2
     explore_every: int = 8
-    realized: Any = None
+    realized: RealizedGain | None = None
     drafted: int = 0
     skips: int = 0
 
     def __post_init__(self) -> None:
         if self.realized is None:
-            from ..decoding.round_state import RealizedGain  # (decoding imports models: imported here)
-
             self.realized = RealizedGain()
 
     def observe(self, kind: str, seconds: float, tokens: int) -> None:
