@@ -156,6 +156,7 @@ def prepare(args: argparse.Namespace) -> int:
     from dspark_hf.testbed.targets import fetch_target, get_target
     from dspark_hf.training.data import chat_prompt_ids
     from dspark_hf.training.prompts import read_prompts_jsonl
+    from dspark_hf.training.trainer import eval_prompts
     from transformers import AutoTokenizer
 
     out = Path(args.out)
@@ -169,7 +170,7 @@ def prepare(args: argparse.Namespace) -> int:
         raise InputError(f"GGUF file {gguf} not found (--gguf)")
     tokenizer = AutoTokenizer.from_pretrained(folder)
     prompts, _ = read_prompts_jsonl(args.eval_prompts, on_error="raise")
-    ids = [chat_prompt_ids(tokenizer, p["messages"]) for p in prompts[: args.eval_num_prompts]]
+    ids = [chat_prompt_ids(tokenizer, p["messages"]) for p in eval_prompts(prompts, args.eval_num_prompts)]
     for old in out.glob(f"{PART_PREFIX}*"):
         old.unlink()
     size, part = gguf.stat().st_size, int(args.part_mb * 1024 * 1024)

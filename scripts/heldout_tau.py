@@ -5,8 +5,9 @@
         --drafter long400=/work/runs/smollm2-135m-dspark-long/checkpoint-000400 \
         --num-prompts 8 --out results/heldout_tau/smollm2.json
 
-Greedy speculative decoding of the first `--num-prompts` prompts of `--prompts` (never trained on: the held-out
-instruction prompts), every draft verified (policy "fixed"), no EOS stop, `--max-new-tokens` per prompt; tau =
+Greedy speculative decoding of `--num-prompts` prompts of `--prompts` (never trained on: the held-out instruction
+prompts), spread over the file's sources (`--order spread`, by a hash of the prompt ids, as training's `eval_every`
+picks them; `--order file`: the first ones, how tables before 2026-12-06 were measured: mostly chatterbot dialogs), every draft verified (policy "fixed"), no EOS stop, `--max-new-tokens` per prompt; tau =
 tokens emitted per target forward (bonus included). With the defaults (8 prompts, 64 tokens) the numbers are those a
 training run logs in its heldout.jsonl, so a release drafter and a run's checkpoints compare directly. Checkpoint
 folders of a run load as drafters (they hold the drafter's config and weights next to the trainer state).
@@ -28,7 +29,7 @@ from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenanc
 from dspark_hf.testbed.targets import load_target
 from dspark_hf.training.data import chat_prompt_ids
 from dspark_hf.training.prompts import read_prompts_jsonl
-from dspark_hf.training.trainer import heldout_tau
+from dspark_hf.training.trainer import eval_prompts, heldout_tau
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -38,6 +39,11 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--merge", nargs="+", metavar="JSON", help="merge results written by --out into one table")
     parser.add_argument("--prompts", default="data/heldout_prompts.jsonl")
     parser.add_argument("--num-prompts", type=int, default=8)
+    parser.add_argument("--order", choices=("spread", "file"), default="spread",
+                        help="which prompts: spread over the sources (default) or the first --num-prompts of the file")
+    parser.add_argument("--by-source", action="store_true",
+                        help="also a row per source family (the part of each prompt's 'source' before '/'); the "
+                             "drafter's row pools them")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: unchanged)")
     parser.add_argument("--out", default=None, help="write the results as JSON here")
@@ -58,15 +64,24 @@ def main(argv: list[str] | None = None) -> dict:
     prompts, _ = read_prompts_jsonl(args.prompts)
     if len(prompts) < args.num_prompts:
         parser.error(f"{args.prompts} holds {len(prompts)} prompts, fewer than --num-prompts {args.num_prompts}")
-    ids = [chat_prompt_ids(tokenizer, p["messages"]) for p in prompts[: args.num_prompts]]
+    chosen = eval_prompts(prompts, args.num_prompts, args.order)
+    groups: dict[str, list[list[int]]] = {}
+    for p in chosen:
+        family = str(p.get("source") or "unknown").split("/")[0] if args.by_source else ""
+        groups.setdefault(family, []).append(chat_prompt_ids(tokenizer, p["messages"]))
     results = {}
     print(HEADER, flush=True)
     for label, folder in drafters.items():
         drafter = DSparkDrafter.from_pretrained(folder, target=target).eval()
-        r = heldout_tau(target, drafter, ids, args.max_new_tokens)
+        parts = {family: heldout_tau(target, drafter, ids, args.max_new_tokens) for family, ids in groups.items()}
+        r = pool(list(parts.values()))
         results[label] = {"folder": folder, **r}
+        if args.by_source:
+            results[label]["by_source"] = parts
+            for family, part in parts.items():
+                print(row(f"{label} / {family} ({part['heldout_prompts']})", part), flush=True)
         print(row(label, r), flush=True)
-    out = {"target": args.target, "prompts": args.prompts, "num_prompts": args.num_prompts,
+    out = {"target": args.target, "prompts": args.prompts, "num_prompts": args.num_prompts, "order": args.order,
            "max_new_tokens": args.max_new_tokens, "results": results, "provenance": provenance(target.device)}
     if args.out:
         write(out, args.out)
@@ -74,7 +89,20 @@ def main(argv: list[str] | None = None) -> dict:
 
 
 HEADER = "| drafter | held-out tau | first draft accepted | rounds |\n|---|---|---|---|"
-SETTINGS = ("target", "prompts", "num_prompts", "max_new_tokens")
+SETTINGS = ("target", "prompts", "num_prompts", "order", "max_new_tokens")
+
+
+def pool(parts: list[dict]) -> dict:
+    """One result from results on disjoint prompt sets: tau over all their rounds, first-draft acceptance over all
+    their verifying rounds (exactly what one call on every prompt counts)."""
+    if len(parts) == 1:
+        return dict(parts[0])
+    rounds = sum(p["heldout_rounds"] for p in parts)
+    verified = sum(p["heldout_verified"] for p in parts)
+    return {"heldout_tau": sum(p["heldout_tau"] * p["heldout_rounds"] for p in parts) / max(1, rounds),
+            "heldout_accept@1": sum(p["heldout_accept@1"] * p["heldout_verified"] for p in parts) / max(1, verified),
+            "heldout_prompts": sum(p["heldout_prompts"] for p in parts), "heldout_rounds": rounds,
+            "heldout_verified": verified}
 
 
 def row(label: str, r: dict) -> str:
@@ -89,7 +117,10 @@ def write(out: dict, path: str) -> None:
     settings = ", ".join(f"{k}={out[k]}" for k in SETTINGS)
     lines = [f"Held-out tau (greedy, every draft verified, no EOS stop): {settings}. Device: "
              f"{out['provenance']['device']}; torch {out['provenance']['torch']}.", "", HEADER]
-    lines += [row(label, r) for label, r in out["results"].items()]
+    for label, r in out["results"].items():
+        lines += [row(f"{label} / {family} ({part['heldout_prompts']})", part)
+                  for family, part in r.get("by_source", {}).items()]
+        lines.append(row(label, r))
     atomic_write_text(path.with_suffix(".md"), "\n".join(lines) + "\n")
 
 
@@ -98,6 +129,8 @@ def merge(parser: argparse.ArgumentParser, paths: list[str], out_path: str | Non
     import json
 
     parts = [json.loads(Path(p).read_text()) for p in paths]
+    for part in parts:  # results written before --order existed took the file's first prompts
+        part.setdefault("order", "file")
     for p, part in zip(paths, parts):
         differs = [k for k in SETTINGS if part.get(k) != parts[0].get(k)]
         if differs:

@@ -13,7 +13,8 @@ from dspark_hf.training.data import (GenerationRecipe, TokenizedExample, _write_
                                      read_examples, sample_anchors, summarize_data)
 from dspark_hf.training.features import FeatureCache, OnlineFeatures, build_feature_cache
 from dspark_hf.training.losses import LossWeights, dspark_loss, position_weights
-from dspark_hf.training.trainer import DSparkTrainer, build_drafter, split_examples, subset_examples
+from dspark_hf.training.trainer import (DSparkTrainer, build_drafter, eval_prompts, heldout_prompt_ids, split_examples,
+                                       subset_examples)
 from dspark_hf.training.config import DSparkTrainingConfig, load_training_config
 
 
@@ -367,6 +368,34 @@ def test_heldout_split_is_stable():
     a = split_examples(examples, 0.2)
     b = split_examples(list(reversed(examples)), 0.2)
     assert {e.id for e in a[1]} == {e.id for e in b[1]} and 0 < len(a[1]) < 50
+
+
+def test_held_out_evaluations_decode_prompts_spread_over_the_sources():
+    """Held-out files are sorted by source (the first 24 of data/heldout_prompts.jsonl are 16 chatterbot dialogs, the
+    hardest source: the release drafter's held-out tau there was 1.52 against 1.84 on a spread of the same file).
+    `eval_prompts` takes them spread by a hash of the ids: several sources, order-free, growing only adds prompts."""
+    prompts = [{"id": f"{source}/{i}", "source": source, "messages": [{"role": "user", "content": f"{source} {i}"}]}
+               for source in ("chatterbot", "codeio", "fortunes", "reasoning_gym") for i in range(25)]
+    first = eval_prompts(prompts, 8, "file")
+    assert {p["source"] for p in first} == {"chatterbot"}  # what the first prompts of a sorted file are
+    spread = eval_prompts(prompts, 8)
+    assert len(spread) == 8 and len({p["source"] for p in spread}) >= 3
+    assert [p["id"] for p in spread] == [p["id"] for p in eval_prompts(list(reversed(prompts)), 8)][::-1]  # order-free
+    assert {p["id"] for p in spread} < {p["id"] for p in eval_prompts(prompts, 20)}
+    assert eval_prompts(prompts, 500) == prompts
+    unnamed = [{"messages": p["messages"]} for p in prompts]  # rows without ids: by line number
+    assert len(eval_prompts(unnamed, 8)) == 8 and eval_prompts(unnamed, 8) != unnamed[:8]
+    with pytest.raises(ValueError, match="'spread' or 'file'"):
+        eval_prompts(prompts, 8, "random")
+    with pytest.raises(ValueError, match="eval_prompt_order"):
+        tiny_config(Path("/nonexistent"), eval_prompt_order="first")
+
+
+def test_heldout_examples_prompts_are_spread_too():
+    examples = learnable_examples(make_target("llama"), count=30)
+    spread = heldout_prompt_ids(examples, 5)
+    assert spread == heldout_prompt_ids(subset_examples(examples, 5), 5) and spread != heldout_prompt_ids(examples, 5, "file")
+    assert heldout_prompt_ids(examples, 5, "file") == heldout_prompt_ids(examples[:5], 5, "file")
 
 
 def test_max_examples_is_a_fixed_order_free_subset_that_only_grows(tmp_path):

@@ -161,6 +161,24 @@ def test_heldout_tau_script_merges_separate_measurements_and_refuses_mismatched_
         script.main(["--drafter", f"x={tmp_path / 'missing'}"])  # no target
 
 
+def test_heldout_tau_by_source_pools_to_what_one_call_on_every_prompt_counts():
+    """`scripts/heldout_tau.py --by-source` measures each source family apart and pools them into the drafter's row:
+    tau over all rounds, first-draft acceptance over all verifying rounds, the same as one call on every prompt."""
+    script = _script("heldout_tau")
+    target = make_target("llama")
+    prompts = [[5, 9, 13, 7], [22, 3, 8, 41, 17, 6], [30, 31, 2], [11, 12, 13, 14, 15]]
+    correct = [4, 0, 2, 1]  # drafts right per round, per row (the oracle knows its rows by position)
+    whole = heldout_tau(target, batch_oracle(target, prompts, 10, correct), prompts, max_new_tokens=10)
+    parts = [heldout_tau(target, batch_oracle(target, prompts[:1], 10, correct[:1]), prompts[:1], max_new_tokens=10),
+             heldout_tau(target, batch_oracle(target, prompts[1:], 10, correct[1:]), prompts[1:], max_new_tokens=10)]
+    assert parts[0]["heldout_tau"] != pytest.approx(parts[1]["heldout_tau"])  # the pooling has something to weigh
+    pooled = script.pool(parts)
+    for key in ("heldout_tau", "heldout_accept@1"):
+        assert pooled[key] == pytest.approx(whole[key])
+    assert pooled["heldout_rounds"] == whole["heldout_rounds"] and pooled["heldout_prompts"] == 4
+    assert script.pool(parts[:1]) == parts[0]
+
+
 class _FakeClock:
     """perf_counter for the trainer module: each optimizer step costs `pace` seconds (advanced by the test's hook)."""
 

@@ -278,7 +278,7 @@ _clock = time.perf_counter  # (the realized gate's clock; tests replace it)
 @dataclass
 class _RealizedRates:
     """Whether the drafter runs this round (`AssistOptions.realized_gate`), from what drafter rounds and plain steps of
-    this call realized on the wall clock: the batched loop's `round_state.RealizedGain` (a plain step's seconds per
+    this call realized on the wall clock: `RealizedGain`, as the batched loop keeps it (a plain step's seconds per
     token; each drafter round's gain, its emitted tokens x that rate - its seconds; `pays`: the last few gained in
     sum). A round is timed from one `get_candidates` call to the next (its drafting, the target's verification
     forward, transformers' bookkeeping, the drafter's context update) and emits its accepted drafts plus one target

@@ -69,6 +69,7 @@ class DSparkTrainingConfig:
     eval_every: int = field(default=0, metadata={"help": "every N optimizer steps (and at the end), measure held-out tau: greedy speculative decoding (policy fixed) of held-out prompts, written to output_dir/heldout.jsonl; 0 = off"})
     eval_prompts: str | None = field(default=None, metadata={"help": "JSONL of held-out prompts for eval_every (chat messages, e.g. data/heldout_prompts.jsonl); default: the prompts of the held-out split of data_dir"})
     eval_num_prompts: int = field(default=8, metadata={"help": "held-out prompts per evaluation"})
+    eval_prompt_order: str = field(default="spread", metadata={"help": "which eval_num_prompts prompts: 'spread' (over the sources, by a hash of the prompt ids: the same in every run) or 'file' (the first ones; held-out files are sorted by source, so these are mostly one source: how runs before 2026-12-06 measured)"})
     eval_max_new_tokens: int = field(default=64, metadata={"help": "tokens generated per held-out prompt"})
 
     def __post_init__(self) -> None:
@@ -93,6 +94,8 @@ class DSparkTrainingConfig:
         for name in ("eval_every",):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        if self.eval_prompt_order not in ("spread", "file"):
+            raise ValueError(f"eval_prompt_order must be 'spread' or 'file', got {self.eval_prompt_order!r}")
         for name in ("eval_num_prompts", "eval_max_new_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

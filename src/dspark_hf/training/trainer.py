@@ -34,7 +34,7 @@ import time
 import zlib
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import torch
 from transformers.utils import logging
@@ -227,16 +227,36 @@ def split_examples(examples: Sequence[TokenizedExample], fraction: float):
     return train, heldout
 
 
-def subset_examples(examples: Sequence[TokenizedExample], count: int | None) -> list[TokenizedExample]:
-    """At most `count` of `examples`: those whose ids hash lowest (crc32, ties broken by id), kept in data order.
+def spread_subset(items: Sequence[Any], count: int | None, id_of: Callable[[Any], str]) -> list[Any]:
+    """At most `count` of `items`: those whose ids (`id_of(item)`) hash lowest (crc32, ties broken by id), kept in
+    their order.
 
     The subset is fixed by the ids alone, so it is the same in every run and spread over every source even when the
-    data is ordered by source; growing `count` only adds examples."""
-    if count is None or count >= len(examples):
-        return list(examples)
-    ranked = sorted(range(len(examples)), key=lambda i: (zlib.crc32(examples[i].id.encode()), examples[i].id))
+    items are ordered by source (prompt files and the data are: the first 24 of `data/heldout_prompts.jsonl` are 16
+    chatterbot dialogs); growing `count` only adds items."""
+    if count is None or count >= len(items):
+        return list(items)
+    ranked = sorted(range(len(items)), key=lambda i: (zlib.crc32(str(id_of(items[i])).encode()), str(id_of(items[i]))))
     keep = set(ranked[:count])
-    return [e for i, e in enumerate(examples) if i in keep]
+    return [e for i, e in enumerate(items) if i in keep]
+
+
+def subset_examples(examples: Sequence[TokenizedExample], count: int | None) -> list[TokenizedExample]:
+    """At most `count` of `examples`, spread over every source (`spread_subset` by example id), in data order."""
+    return spread_subset(examples, count, lambda e: e.id)
+
+
+def eval_prompts(prompts: Sequence[dict[str, Any]], count: int, order: str = "spread") -> list[dict[str, Any]]:
+    """The `count` prompts a held-out evaluation decodes: `order="spread"` (the default) takes them spread over the
+    file's sources (`spread_subset` by prompt id, rows without an id by line); `"file"` the first `count` (how held-out
+    tau was measured before 2026-12-06: on the source-sorted held-out file mostly chatterbot dialogs, the hardest
+    source)."""
+    if order not in ("spread", "file"):
+        raise ValueError(f"held-out prompt order must be 'spread' or 'file', got {order!r}")
+    if order == "file":
+        return list(prompts[:count])
+    indexed = [(i, p) for i, p in enumerate(prompts)]
+    return [p for _, p in spread_subset(indexed, count, lambda ip: ip[1].get("id") or f"line{ip[0]}")]
 
 
 def build_drafter(config: DSparkTrainingConfig, target, examples: Sequence[TokenizedExample] | None = None) -> DSparkDrafter:
@@ -402,7 +422,8 @@ class DSparkTrainer:
         # written before it was kept
         self.train_cpu_seconds: float | None = 0.0
         self.eval_prompt_ids = ([list(p) for p in eval_prompt_ids] if eval_prompt_ids is not None
-                                else heldout_prompt_ids(self.heldout, config.eval_num_prompts))
+                                else heldout_prompt_ids(self.heldout, config.eval_num_prompts,
+                                                         config.eval_prompt_order))
 
     # ------------------------------------------------------------------ data
     def micro_batch(self, index: int) -> list[TokenizedExample]:
@@ -743,11 +764,14 @@ class DSparkTrainer:
         return {k: (int(v) if k == "supervised_slots" else v / world) for k, v in zip(keys, total)}
 
 
-def heldout_prompt_ids(examples: Sequence[TokenizedExample], count: int) -> list[list[int]]:
-    """The prompt part (tokens before the first answer token) of the first `count` examples: held-out prompts in
-    the training data's own chat template."""
+def heldout_prompt_ids(examples: Sequence[TokenizedExample], count: int, order: str = "spread") -> list[list[int]]:
+    """The prompt part (tokens before the first answer token) of `count` held-out examples, spread over their sources
+    (`subset_examples`) or the first `count` (`order="file"`): held-out prompts in the training data's own chat
+    template."""
+    if order not in ("spread", "file"):
+        raise ValueError(f"held-out prompt order must be 'spread' or 'file', got {order!r}")
     out = []
-    for ex in examples[:count]:
+    for ex in (subset_examples(examples, count) if order == "spread" else examples[:count]):
         start = ex.loss_mask.index(1) if 1 in ex.loss_mask else len(ex.loss_mask)
         if start > 0:
             out.append(list(ex.input_ids[:start]))
@@ -780,7 +804,7 @@ def heldout_tau(target, drafter: DSparkDrafter, prompt_ids: Sequence[Sequence[in
             first += sum(n > 1 for n, v in zip(stats.accepted_lengths, stats.verify_lengths) if v > 0)
             verified += sum(v > 0 for v in stats.verify_lengths)
     return {"heldout_tau": emitted / max(1, rounds), "heldout_accept@1": first / max(1, verified),
-            "heldout_prompts": len(prompt_ids), "heldout_rounds": rounds}
+            "heldout_prompts": len(prompt_ids), "heldout_rounds": rounds, "heldout_verified": verified}
 
 
 def trainer_from_config(config: DSparkTrainingConfig, progress: bool = True) -> DSparkTrainer:
@@ -796,7 +820,8 @@ def trainer_from_config(config: DSparkTrainingConfig, progress: bool = True) -> 
         from .prompts import read_prompts_jsonl
 
         prompts, _ = read_prompts_jsonl(config.eval_prompts)
-        eval_ids = [chat_prompt_ids(tokenizer, p["messages"]) for p in prompts[: config.eval_num_prompts]]
+        eval_ids = [chat_prompt_ids(tokenizer, p["messages"])
+                    for p in eval_prompts(prompts, config.eval_num_prompts, config.eval_prompt_order)]
     torch.manual_seed(config.seed)
     return DSparkTrainer(config, target, examples, progress=progress, eval_prompt_ids=eval_ids)
 
