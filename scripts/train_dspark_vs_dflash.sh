@@ -3,7 +3,9 @@
 # smollm2-135m-dspark-long.yaml) as DSpark (Markov head + confidence head) and as the DFlash baseline (no sequential
 # head, CE only), same data subset, seed, schedule and steps, trained side by side (one core each), each with
 # held-out tau every EVERY steps; then both final drafters on FINAL_PROMPTS held-out prompts and the training report
-# (held-out tau at equal steps and at equal CPU hours, learning curve).
+# (held-out tau at equal steps and at equal CPU hours, learning curve). Held-out prompts are spread over the sources
+# (`eval_prompt_order: spread`; before 2026-12-06 the first prompts of the source-sorted file, mostly chatterbot
+# dialogs, were measured: ORDER=file reproduces that); the final drafters are measured per source family too.
 #   RUNS=/work/runs EXAMPLES=1024 STEPS=600 bash scripts/train_dspark_vs_dflash.sh
 #   RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_1200 \
 #       HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_1200.json bash scripts/train_dspark_vs_dflash.sh
@@ -15,14 +17,16 @@ RUNS=${RUNS:-/work/runs}
 EXAMPLES=${EXAMPLES:-1024}
 STEPS=${STEPS:-600}
 EVERY=${EVERY:-200}
-FINAL_PROMPTS=${FINAL_PROMPTS:-24}
+FINAL_PROMPTS=${FINAL_PROMPTS:-96}
+EVAL_PROMPTS=${EVAL_PROMPTS:-24}
+ORDER=${ORDER:-spread}
 MIXED=${MIXED:-no}
 OUT=${OUT:-results/training_smollm2_dspark_vs_dflash}
 HELDOUT=${HELDOUT:-results/heldout_tau/smollm2_dspark_vs_dflash.json}
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 common=(--config examples/configs/smollm2-135m-dspark-long.yaml "feature_cache=$RUNS/features/smollm2-135m-bf16"
         feature_cache_dtype=bfloat16 "max_examples=$EXAMPLES" "max_steps=$STEPS" "eval_every=$EVERY" save_every=100
-        "mixed_precision=$MIXED")
+        "mixed_precision=$MIXED" "eval_num_prompts=$EVAL_PROMPTS" "eval_prompt_order=$ORDER")
 mkdir -p "$RUNS"
 # the feature cache once (both runs read it), then the two runs in parallel
 dspark-hf train "${common[@]}" "output_dir=$RUNS/dspark-vs-dflash-cache" stop_at_step=1 > "$RUNS/dspark-vs-dflash-cache.log" 2>&1
@@ -31,8 +35,14 @@ for variant in dspark dflash; do
       > "$RUNS/$variant-$EXAMPLES-$STEPS.log" 2>&1 &
 done
 wait
-python scripts/heldout_tau.py --target smollm2-135m-instruct --num-prompts "$FINAL_PROMPTS" --threads 1 \
-    --drafter "dspark=$RUNS/dspark-$EXAMPLES-$STEPS/final" --drafter "dflash=$RUNS/dflash-$EXAMPLES-$STEPS/final" \
-    --out "$HELDOUT"
+# both final drafters at once (one core each), then one table
+for variant in dspark dflash; do
+  python scripts/heldout_tau.py --target smollm2-135m-instruct --num-prompts "$FINAL_PROMPTS" --threads 1 \
+      --order "$ORDER" --by-source --drafter "$variant=$RUNS/$variant-$EXAMPLES-$STEPS/final" \
+      --out "$RUNS/heldout-$variant-$EXAMPLES-$STEPS.json" > "$RUNS/heldout-$variant-$EXAMPLES-$STEPS.log" 2>&1 &
+done
+wait
+python scripts/heldout_tau.py --merge "$RUNS/heldout-dspark-$EXAMPLES-$STEPS.json" \
+    "$RUNS/heldout-dflash-$EXAMPLES-$STEPS.json" --out "$HELDOUT"
 dspark-hf training-report --run "dspark=$RUNS/dspark-$EXAMPLES-$STEPS" --run "dflash=$RUNS/dflash-$EXAMPLES-$STEPS" \
     --out "$OUT"
