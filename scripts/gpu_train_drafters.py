@@ -37,12 +37,15 @@ machine needs no tokenizer).
     # 3. here: reassemble what came back and list it
     python scripts/gpu_train_drafters.py unpack --files <the folder the files came back to> --dest /work/runs/gpu-drafters
 
-The next lease (planned, not yet run): answer the rest of `data/train_prompts_20k.jsonl` on the GPU first, then train
-ONE drafter on everything, alone on the GPU (three side by side shared it in the first lease). Here, add to step 1:
+The next lease (planned, not yet run): answer the prompts in the evaluation sets' form and the rest of
+`data/train_prompts_20k.jsonl` on the GPU first, then train ONE drafter on everything, alone on the GPU (three side by side shared it in the first lease). Here, add to step 1:
 
     python scripts/gpu_train_drafters.py prepare --target smollm2-135m-instruct --out .gpu --part-mb 39.5 \
-        --generate-prompts data/train_prompts_20k.jsonl --generate-skip data/smollm2-135m-20k
-    #    -> .gpu/generate.jsonl.gz: the 16,991 prompts unanswered on 2026-12-05 as token ids, 1.0 MB
+        --generate-prompts data/train_prompts_evalform.jsonl,data/train_prompts_20k.jsonl \
+        --generate-skip data/smollm2-135m-20k
+    #    -> .gpu/generate.jsonl.gz: first the 4,040 prompts in the evaluation sets' form (2,000 standard-library
+    #    functions to complete, 2,040 boxed-answer math tasks: what the release drafter lacks, RESULTS.md "held-out
+    #    tau ... per source family"), then the 6,495 of the 20k set unanswered on 2026-12-06, as token ids
 
 and make call 2 (carry .gpu/target.gguf.part01 .gpu/target.gguf.part02 .gpu/manifest.json .gpu/generate.jsonl.gz):
 
@@ -197,11 +200,18 @@ def prepare(args: argparse.Namespace) -> int:
 
 def _prepare_generation(args: argparse.Namespace, tokenizer: Any, heldout: set[str], out: Path) -> dict[str, Any]:
     """`out/generate.jsonl.gz`: the training prompts still unanswered (not in any `--generate-skip` folder, never a
-    held-out id) as chat-templated token ids, so the GPU machine answers them with no tokenizer."""
+    held-out id) as chat-templated token ids, so the GPU machine answers them with no tokenizer. Several
+    comma-separated prompt files are answered in their order (an id met twice is kept once)."""
     from dspark_hf.training.data import chat_prompt_ids, read_examples
     from dspark_hf.training.prompts import read_prompts_jsonl
 
-    rows, _ = read_prompts_jsonl(args.generate_prompts, on_error="raise")
+    rows, seen = [], set()
+    for path in [f for f in args.generate_prompts.split(",") if f]:  # in order: the first file's prompts go first
+        if not Path(path).is_file():
+            raise InputError(f"--generate-prompts file {path} not found")
+        part, _ = read_prompts_jsonl(path, on_error="raise")
+        rows += [r for r in part if str(r["id"]) not in seen]
+        seen |= {str(r["id"]) for r in part}
     answered: set[str] = set()
     for folder in [f for f in args.generate_skip.split(",") if f]:
         if not Path(folder).is_dir():
@@ -657,8 +667,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     pr.add_argument("--eval-num-prompts", type=int, default=24)
     pr.add_argument("--part-mb", type=float, default=44.0, help="size of each GGUF part in MiB")
     pr.add_argument("--out", default=".gpu")
-    pr.add_argument("--generate-prompts", help="JSONL of training prompts for the GPU to answer first: those still "
-                    f"unanswered go to OUT/{GENERATE_FILE} as token ids")
+    pr.add_argument("--generate-prompts", help="JSONL files of training prompts (comma-separated, answered in that "
+                    f"order) for the GPU to answer first: those still unanswered go to OUT/{GENERATE_FILE} as token ids")
     pr.add_argument("--generate-skip", default="", help="comma-separated data folders: prompts they answered already "
                     "are left out of the generation file")
     pr.add_argument("--generate-max-prompt-tokens", type=int, default=512, help="keep the last N prompt tokens "

@@ -235,3 +235,22 @@ def test_slim_branch_holds_the_package_without_releases_and_leaves_the_checkout_
     assert sorted(s for s in status if s) == ["?? slim.sh", "?? untracked.txt"]  # work tree and index untouched
     res = subprocess.run(["bash", "slim.sh", "lease", "data/missing"], cwd=repo, capture_output=True, text=True, env=env)
     assert res.returncode == 2 and "data/missing not found" in res.stderr
+
+
+def test_prepare_answers_several_prompt_files_in_their_order(lease):
+    """`--generate-prompts a.jsonl,b.jsonl`: a's prompts first (the evaluation-form prompts go before the rest), an id
+    in both kept once, a missing file named."""
+    import gzip
+
+    script = _script()
+    first = [{"id": f"e{i}", "messages": [{"role": "user", "content": f"w{50 + i}"}]} for i in range(2)]
+    rest = [{"id": "e1", "messages": [{"role": "user", "content": "w51"}]},
+            {"id": "t0", "messages": [{"role": "user", "content": "w60 w61"}]}]
+    for name, rows in (("first.jsonl", first), ("rest.jsonl", rest)):
+        (lease / name).write_text("".join(json.dumps(r) + "\n" for r in rows))
+    common = ["prepare", "--target", str(lease / "target"), "--gguf", str(lease / "fake.gguf"), "--eval-prompts",
+              str(lease / "prompts.jsonl"), "--eval-num-prompts", "2", "--part-mb", "1", "--out", str(lease / "gpu")]
+    assert script.main(common + ["--generate-prompts", f"{lease / 'first.jsonl'},{lease / 'rest.jsonl'}"]) == 0
+    with gzip.open(lease / "gpu" / "generate.jsonl.gz", "rt") as handle:
+        assert [json.loads(line)["id"] for line in handle] == ["e0", "e1", "t0"]
+    assert script.main(common + ["--generate-prompts", f"{lease / 'first.jsonl'},{lease / 'gone.jsonl'}"]) != 0
