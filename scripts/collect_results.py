@@ -478,6 +478,16 @@ SECTIONS = [
      "DSpark vs DFlash after 1,200 steps each: the final drafters on 24 held-out prompts",
      "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_1200 "
      "HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_1200.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("training_smollm2_dspark_vs_dflash_spread/training.md",
+     "DSpark vs DFlash at an equal budget again, 1,200 steps each, held-out tau on 24 prompts spread over the sources "
+     "(the runs above measured the first prompts of the sorted file, mostly chat dialogs; issue 14 goal: DSpark tau "
+     ">= 1.15x DFlash)",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_spread "
+     "HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_spread.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("heldout_tau/smollm2_dspark_vs_dflash_spread.md",
+     "Those two final drafters on all 96 held-out prompts, per source family",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_spread "
+     "HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_spread.json bash scripts/train_dspark_vs_dflash.sh"),
     ("training_smollm2_dspark_2560_warm/training.md",
      "The 1,200-step DSpark drafter trained on, on 2.5x the examples (2,560) for another 1,200 steps",
      "RUNS=/work/runs bash scripts/train_warm_more_data.sh; dspark-hf training-report "
@@ -593,6 +603,14 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 python scripts/heldout_tau.py --target smollm2-135m-instruct --drafter release=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark "
      "--prompts data/train_prompts_12k.jsonl --num-prompts 24 --by-source "
      "--out results/heldout_tau/smollm2_release_train24.json"),
+    ("heldout_tau/smollm2_release_evalform32.md",
+     "The release drafter on 32 prompts of the evaluation-form file (standard-library functions to complete, boxed "
+     "math tasks; not trained on), per source: do they ask for what the evaluation sets ask?",
+     "dspark-hf prompts --out data/train_prompts_evalform.jsonl --python-functions 2000 --boxed-math 120 "
+     "--only-opt-in --exclude data/heldout_prompts.jsonl && OMP_NUM_THREADS=1 python scripts/heldout_tau.py --target "
+     "smollm2-135m-instruct --drafter release=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --prompts "
+     "data/train_prompts_evalform.jsonl --num-prompts 32 --by-source "
+     "--out results/heldout_tau/smollm2_release_evalform32.json"),
     ("compare_smollm2_gpu_tau/compare.md",
      "The GPU-trained drafters on the evaluation sets: tau and per-position acceptance (issue 14 goals: macro tau "
      ">= 3.5; DSpark >= 1.15x the DFlash baseline at equal budget)",
