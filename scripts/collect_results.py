@@ -376,6 +376,13 @@ SECTIONS = [
      "(`set_assist(realized_gate=True)`), a Zen 3 VM (issue 14 part 4)",
      "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 0 --assist "
      "--assist-gated --drafter-chain --prompt-lookup 0 --prompts 6 --out results/assist_realized_gate_smollm2"),
+    ("lookup_branch_zen4_smollm2/results.md",
+     "Every batch-1 method side by side on a Zen 4 VM (AMD EPYC family 25 model 17, AVX-512): target-only, prompt "
+     "lookup, the lookup alone, lookup branches (4 nodes, lookup rounds up to 16), the lookup-then-drafter chain and "
+     "the drafter alone, each with and without the realized gate; the unit suite ran on the other core (issues 13, 14)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 "
+     "--branch-lookup-max 16 --assist --assist-gated --drafter-chain --prompt-lookup 10 --prompts 6 "
+     "--out results/lookup_branch_zen4_smollm2"),
     ("drafter_prepack_smollm2/results.md",
      "The release drafter's own linears prepacked or not, the drafter alone and the lookup-then-drafter chain, a "
      "Zen 3 VM (issue 14 part 4)",
