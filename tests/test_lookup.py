@@ -1030,3 +1030,33 @@ def test_async_history_reads_a_chain_round_as_a_tree_and_a_tree_round_as_a_chain
     history.valid[-2] = torch.tensor([[True, True, True], [True, False, True]])
     conf = history.confidences_two_rounds_ago(rows)
     assert torch.allclose(conf, torch.tensor([[0.9, 0.8 / 0.9, 0.1 / 0.8], [0.9, 0.8 / 0.9, 0.0]]))
+
+
+def test_realized_gate_stops_only_a_drafter_that_confidently_loses():
+    """The batch-1 gate judges the mean gain of the last 16 drafter rounds with one standard error of slack, not the
+    sign of a short sum: a drafter that gains on average through noisy rounds (accepting nothing three rounds in four,
+    three tokens the fourth: mean +0.1 plain step a round) keeps running every round; one that loses steadily stops
+    after `min_evidence` rounds; one that loses by less than its noise runs until the evidence is in."""
+    from dspark_hf.models.candidate_generator import _RealizedRates
+
+    def drive(tokens_per_round, round_seconds=1.4, rounds=40):
+        rates, ran = _RealizedRates(), []
+        for i in range(rounds):
+            run = rates.runs_drafter()
+            ran.append(run)
+            if run:
+                rates.observe("drafter", round_seconds, tokens_per_round[i % len(tokens_per_round)])
+            else:
+                rates.observe("plain", 1.0, 1)
+        return ran
+
+    noisy_winner = drive([1, 1, 1, 3, 1, 1, 1, 3, 1, 3])  # (the first two rounds and one plain step measure)
+    assert noisy_winner[:2] == [True, True] and noisy_winner[2] is False and all(noisy_winner[3:])
+    steady_loser = drive([1], round_seconds=3.0)
+    assert steady_loser[3:6] == [True] * 3 and sum(steady_loser[6:]) <= 5  # then only the 1-in-9 explorations
+    rates = _RealizedRates()
+    rates.observe("plain", 1.0, 1)
+    for tokens in (1, 1):  # two rounds are not evidence enough to stop
+        rates.observe("drafter", 1.4, tokens)
+    rates.drafted = rates.min_rounds
+    assert not rates.loses() and rates.runs_drafter()
