@@ -383,6 +383,12 @@ SECTIONS = [
      "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 4 "
      "--branch-lookup-max 16 --assist --assist-gated --drafter-chain --prompt-lookup 10 --prompts 6 "
      "--out results/lookup_branch_zen4_smollm2"),
+    ("assist_realized_gate_zen4_smollm2/results.md",
+     "The realized gate after it stops the drafter only when its rounds lose with confidence (mean gain + one "
+     "standard error < 0 over the last 16, commit e41d2f3): the drafter alone and the lookup-then-drafter chain with "
+     "and without it, the same Zen 4 VM, nothing else running (issue 14 part 4)",
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release --branches 0 --assist "
+     "--assist-gated --drafter-chain --prompt-lookup 0 --prompts 6 --out results/assist_realized_gate_zen4_smollm2"),
     ("drafter_prepack_smollm2/results.md",
      "The release drafter's own linears prepacked or not, the drafter alone and the lookup-then-drafter chain, a "
      "Zen 3 VM (issue 14 part 4)",
