@@ -45,7 +45,7 @@ The next lease (planned, not yet run): answer the prompts in the evaluation sets
         --generate-skip data/smollm2-135m-20k
     #    -> .gpu/generate.jsonl.gz: first the 4,040 prompts in the evaluation sets' form (2,000 standard-library
     #    functions to complete, 2,040 boxed-answer math tasks: what the release drafter lacks, RESULTS.md "held-out
-    #    tau ... per source family"), then the 6,495 of the 20k set unanswered on 2026-12-06, as token ids
+    #    tau ... per source family"), then the 5,983 of the 20k set unanswered on 2026-12-06, as token ids
 
 and make call 2 (carry .gpu/target.gguf.part01 .gpu/target.gguf.part02 .gpu/manifest.json .gpu/generate.jsonl.gz):
 
