@@ -38,7 +38,8 @@ machine needs no tokenizer).
     python scripts/gpu_train_drafters.py unpack --files <the folder the files came back to> --dest /work/runs/gpu-drafters
 
 The next lease (planned, not yet run): answer the prompts in the evaluation sets' form and the rest of
-`data/train_prompts_20k.jsonl` on the GPU first, then train ONE drafter on everything, alone on the GPU (three side by side shared it in the first lease). Here, add to step 1:
+`data/train_prompts_20k.jsonl` on the GPU first, then train ONE drafter on everything, alone on the GPU (three side by
+side shared it in the first lease). Here, add to step 1:
 
     python scripts/gpu_train_drafters.py prepare --target smollm2-135m-instruct --out .gpu --part-mb 39.5 \
         --generate-prompts data/train_prompts_evalform.jsonl,data/train_prompts_20k.jsonl \

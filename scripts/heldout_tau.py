@@ -7,7 +7,8 @@
 
 Greedy speculative decoding of `--num-prompts` prompts of `--prompts` (never trained on: the held-out instruction
 prompts), spread over the file's sources (`--order spread`, by a hash of the prompt ids, as training's `eval_every`
-picks them; `--order file`: the first ones, how tables before 2026-12-06 were measured: mostly chatterbot dialogs), every draft verified (policy "fixed"), no EOS stop, `--max-new-tokens` per prompt; tau =
+picks them; `--order file`: the first ones, how tables before 2026-12-06 were measured: mostly chatterbot dialogs),
+every draft verified (policy "fixed"), no EOS stop, `--max-new-tokens` per prompt; tau =
 tokens emitted per target forward (bonus included). With the defaults (8 prompts, 64 tokens) the numbers are those a
 training run logs in its heldout.jsonl, so a release drafter and a run's checkpoints compare directly. Checkpoint
 folders of a run load as drafters (they hold the drafter's config and weights next to the trainer state).

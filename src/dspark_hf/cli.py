@@ -142,9 +142,9 @@ def _prompts(argv: list[str]) -> None:
             parser.error(f"--{name.replace('_', '-')} must be >= 0, got {getattr(args, name)}")
     recipe = TrainingPromptRecipe(seed=args.seed, skip_missing=args.skip_missing)
     gym = () if args.only_opt_in else recipe.reasoning_gym
-    none = dict(codeio=0, chatterbot=0, python_docs=0, fortunes=0) if args.only_opt_in else {}
-    recipe = dataclasses.replace(recipe, reasoning_gym=gym + (boxed_math_sources(args.boxed_math) if args.boxed_math else ()),
-                                 python_functions=args.python_functions, **none)
+    no_defaults = dict(codeio=0, chatterbot=0, python_docs=0, fortunes=0) if args.only_opt_in else {}
+    recipe = dataclasses.replace(recipe, reasoning_gym=gym + boxed_math_sources(args.boxed_math),
+                                 python_functions=args.python_functions, **no_defaults)
     prompts = write_training_prompts(args.out, recipe.scaled(args.scale), limit=args.limit or None,
                                      exclude=args.exclude)
     print(f"wrote {len(prompts)} prompts to {args.out}: {count_by_source(prompts)}")

@@ -361,8 +361,9 @@ def _fortune_candidates(root: str, seed: int) -> Iterator[tuple[str, str]]:
 
 
 def boxed_math_sources(count: int) -> tuple[GymSource, ...]:
-    """`count` boxed-style prompts from each math generator (`MATH_GENERATORS`), to add to a recipe's sources."""
-    return tuple(GymSource(name, count, "boxed") for name in MATH_GENERATORS)
+    """`count` boxed-style prompts from each math generator (`MATH_GENERATORS`), to add to a recipe's sources (none for
+    a count of 0, so a recipe that asks for none is the recipe without them)."""
+    return tuple(GymSource(name, count, "boxed") for name in MATH_GENERATORS) if count else ()
 
 
 def _function_stub(node: Any, owner: str | None = None) -> str | None:
@@ -407,7 +408,8 @@ def _python_function_candidates(seed: int, root: str | None = None) -> Iterator[
             continue
         module = rel.with_suffix("").as_posix()
         members = [(node, None) for node in tree.body if isinstance(node, functions)]
-        members += [(item, cls.name) for cls in tree.body if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_")
+        members += [(item, cls.name) for cls in tree.body
+                    if isinstance(cls, ast.ClassDef) and not cls.name.startswith("_")
                     for item in cls.body if isinstance(item, functions)]
         for node, owner in members:
             if node.name.startswith("_"):
@@ -488,7 +490,8 @@ PROMPT_FAMILIES = ("chat", "code", "math")
 
 def prompt_family(source: str) -> str:
     """The family of a prompt source: "code" (`reasoning_gym_code/*`, `codeio`, `python_docs`, `python_functions`),
-    "math" (the other `reasoning_gym*/*` generators, boxed ones included) or "chat" (everything else: `chatterbot`, `fortunes`, unknown sources)."""
+    "math" (the other `reasoning_gym*/*` generators, boxed ones included) or "chat" (everything else: `chatterbot`,
+    `fortunes`, unknown sources)."""
     if source.startswith("reasoning_gym_code") or source in ("codeio", "python_docs", "python_functions"):
         return "code"
     return "math" if source.startswith("reasoning_gym") else "chat"

@@ -246,17 +246,19 @@ def subset_examples(examples: Sequence[TokenizedExample], count: int | None) -> 
     return spread_subset(examples, count, lambda e: e.id)
 
 
-def eval_prompts(prompts: Sequence[dict[str, Any]], count: int, order: str = "spread") -> list[dict[str, Any]]:
-    """The `count` prompts a held-out evaluation decodes: `order="spread"` (the default) takes them spread over the
-    file's sources (`spread_subset` by prompt id, rows without an id by line); `"file"` the first `count` (how held-out
-    tau was measured before 2026-12-06: on the source-sorted held-out file mostly chatterbot dialogs, the hardest
-    source)."""
+def ordered_subset(items: Sequence[Any], count: int, order: str, id_of: Callable[[Any], str]) -> list[Any]:
+    """`count` of `items` for a held-out evaluation: `order="spread"` over their sources (`spread_subset`), `"file"`
+    the first `count` (how held-out tau was measured before 2026-12-06: on the source-sorted held-out file mostly
+    chatterbot dialogs, the hardest source)."""
     if order not in ("spread", "file"):
         raise ValueError(f"held-out prompt order must be 'spread' or 'file', got {order!r}")
-    if order == "file":
-        return list(prompts[:count])
-    indexed = [(i, p) for i, p in enumerate(prompts)]
-    return [p for _, p in spread_subset(indexed, count, lambda ip: ip[1].get("id") or f"line{ip[0]}")]
+    return spread_subset(items, count, id_of) if order == "spread" else list(items[:count])
+
+
+def eval_prompts(prompts: Sequence[dict[str, Any]], count: int, order: str = "spread") -> list[dict[str, Any]]:
+    """The `count` prompts a held-out evaluation decodes (`ordered_subset` by prompt id; rows without one by line)."""
+    indexed = list(enumerate(prompts))
+    return [p for _, p in ordered_subset(indexed, count, order, lambda ip: ip[1].get("id") or f"line{ip[0]}")]
 
 
 def build_drafter(config: DSparkTrainingConfig, target, examples: Sequence[TokenizedExample] | None = None) -> DSparkDrafter:
@@ -765,13 +767,10 @@ class DSparkTrainer:
 
 
 def heldout_prompt_ids(examples: Sequence[TokenizedExample], count: int, order: str = "spread") -> list[list[int]]:
-    """The prompt part (tokens before the first answer token) of `count` held-out examples, spread over their sources
-    (`subset_examples`) or the first `count` (`order="file"`): held-out prompts in the training data's own chat
-    template."""
-    if order not in ("spread", "file"):
-        raise ValueError(f"held-out prompt order must be 'spread' or 'file', got {order!r}")
+    """The prompt part (tokens before the first answer token) of `count` held-out examples (`ordered_subset`):
+    held-out prompts in the training data's own chat template."""
     out = []
-    for ex in (subset_examples(examples, count) if order == "spread" else examples[:count]):
+    for ex in ordered_subset(examples, count, order, lambda e: e.id):
         start = ex.loss_mask.index(1) if 1 in ex.loss_mask else len(ex.loss_mask)
         if start > 0:
             out.append(list(ex.input_ids[:start]))
