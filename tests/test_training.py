@@ -150,6 +150,35 @@ def test_max_seconds_stops_between_batches_keeps_what_was_answered_and_a_rerun_f
     assert sorted(e.to_json() for e in read_examples(tmp_path)) == sorted(e.to_json() for e in read_examples(full))
 
 
+def test_spread_order_answers_a_source_sorted_file_source_by_source_mixed_and_limit_samples_every_source(tmp_path):
+    from dspark_hf.training.data import build_training_data
+    from dspark_hf.training.trainer import spread_ranks, spread_subset
+
+    target = make_target("llama")
+    tok = make_tokenizer()
+    prompts = tmp_path / "prompts.jsonl"  # sorted by source, as every committed prompt file is
+    prompts.write_text("".join(f'{{"id": "{src}/{i}", "source": "{src}", "messages": [{{"role": "user", '
+                               f'"content": "w{10 + i}"}}]}}\n' for src in ("a", "b", "c") for i in range(6)))
+    recipe = GenerationRecipe(max_new_tokens=3, batch_size=4, shard_size=4)
+    build_training_data(target, prompts, tmp_path / "file", recipe, tokenizer=tok, limit=6, progress=False)
+    assert {e.id.split("/")[0] for e in read_examples(tmp_path / "file")} == {"a"}  # the first 6: one source
+    build_training_data(target, prompts, tmp_path / "spread", recipe, tokenizer=tok, limit=6, progress=False,
+                        order="spread")
+    spread = read_examples(tmp_path / "spread")
+    ids = [f"{src}/{i}" for src in ("a", "b", "c") for i in range(6)]
+    assert sorted(e.id for e in spread) == sorted(spread_subset(ids, 6, str))  # the same 6 the evaluations pick
+    assert {e.id.split("/")[0] for e in spread} == {"a", "b", "c"}
+    ranks = spread_ranks(ids, str)
+    assert sorted(ranks) == list(range(18)) and spread_subset(ids, 6, str) == [ids[i] for i in sorted(ranks[:6])]
+    # resuming in spread order answers the rest, and the answers are the file order's
+    build_training_data(target, prompts, tmp_path / "spread", recipe, tokenizer=tok, progress=False, order="spread")
+    build_training_data(target, prompts, tmp_path / "file", recipe, tokenizer=tok, progress=False)
+    by_id = lambda folder: {e.id: e.input_ids for e in read_examples(folder)}  # noqa: E731
+    assert by_id(tmp_path / "spread") == by_id(tmp_path / "file") and len(by_id(tmp_path / "file")) == 18
+    with pytest.raises(ValueError, match="order must be 'file' or 'spread'"):
+        build_training_data(target, prompts, tmp_path / "x", recipe, tokenizer=tok, progress=False, order="random")
+
+
 def test_data_cli_passes_max_seconds_and_the_recipe(monkeypatch, tmp_path):
     from dspark_hf import cli
     from dspark_hf.training import data as data_module
@@ -162,10 +191,11 @@ def test_data_cli_passes_max_seconds_and_the_recipe(monkeypatch, tmp_path):
 
     monkeypatch.setattr(data_module, "build_training_data", fake_build)
     cli._data(["--target", "t", "--prompts", "p.jsonl", "--out", str(tmp_path), "--max-seconds", "90",
-               "--batch-size", "64", "--compress"])
+               "--batch-size", "64", "--compress", "--order", "spread"])
     assert seen["max_seconds"] == 90.0 and seen["recipe"].batch_size == 64 and seen["recipe"].compress
+    assert seen["order"] == "spread"
     cli._data(["--target", "t", "--prompts", "p.jsonl", "--out", str(tmp_path)])
-    assert seen["max_seconds"] is None
+    assert seen["max_seconds"] is None and seen["order"] == "file"
 
 
 def test_missing_chat_template_is_a_clear_error(tmp_path):

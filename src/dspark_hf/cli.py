@@ -156,6 +156,9 @@ def _data(argv: list[str]) -> None:
     parser.add_argument("--prompts", required=True, help="JSONL with 'messages' (or 'prompt') per line")
     parser.add_argument("--out", required=True, help="output folder (resumable)")
     parser.add_argument("--limit", type=int)
+    parser.add_argument("--order", choices=["file", "spread"], default="file",
+                        help="answer the prompts in file order, or spread: in the order of a crc32 of their ids, so "
+                             "that whatever is answered when a run stops (and --limit) samples every source")
     parser.add_argument("--on-error", choices=["skip", "raise"], default="skip",
                         help="broken prompt lines: skip them (and report the count) or stop")
     for name, default in (("max_new_tokens", 256), ("batch_size", 16), ("seed", 0), ("max_prompt_tokens", 512)):
@@ -182,7 +185,7 @@ def _data(argv: list[str]) -> None:
                               compress=args.compress)
     built = build_training_data(args.target, args.prompts, args.out, recipe, limit=args.limit,
                                 on_error=args.on_error, report=args.report, prepack=args.prepack,
-                                max_seconds=args.max_seconds)
+                                max_seconds=args.max_seconds, order=args.order)
     print(built.out_dir)
     if built.summary is not None:
         print(built.summary)

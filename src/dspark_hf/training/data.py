@@ -317,6 +317,7 @@ def build_training_data(
     progress: bool = True,
     prepack: bool = False,
     max_seconds: float | None = None,
+    order: str = "file",
 ) -> DataBuild:
     """`dspark-hf data`: the target answers the prompts of a JSONL file (`generate_responses`, resumable).
 
@@ -324,18 +325,28 @@ def build_training_data(
         target: the target model (with `tokenizer`), or its registry name / folder (loaded with `load_target`).
         prompts: JSONL with `messages` (or `prompt`) per line; broken lines are skipped with a warning
             (`on_error="skip"`) or raise (`"raise"`), see `read_prompts_jsonl`.
-        limit: answer only the first `limit` prompts.
+        limit: answer only the first `limit` prompts (in `order`).
         report: also write a Markdown summary of the data folder (`summarize_data`) to this file.
         prepack: run a CPU target (float32/bfloat16) with its linear weights packed once for oneDNN
             (`models.prepacked.prepack_linears`; PyTorch's own CPU GEMM repacks them on every batched call). Skipped,
             with a log line, where the target or the PyTorch build cannot; the model is restored afterwards.
         max_seconds: stop starting new batches after this much wall time (a re-run resumes with the rest).
+        order: `"file"` answers the prompts in file order; `"spread"` in the order of a crc32 of their ids
+            (`trainer.spread_ranks`), so that the part answered when a run stops (`max_seconds`, a session's end) is a
+            sample spread over every source of a source-sorted file, and `limit` takes such a sample.
     """
     from .prompts import read_prompts_jsonl
+
+    if order not in ("file", "spread"):
+        raise ValueError(f"prompt order must be 'file' or 'spread', got {order!r}")
 
     rows, skipped = read_prompts_jsonl(prompts, on_error=on_error)
     if skipped:
         logger.warning(f"skipped {skipped} broken line(s) of {prompts}")
+    if order == "spread":
+        from .trainer import spread_ranks
+
+        rows = [rows[i] for i in spread_ranks(rows, lambda p: p["id"])]
     rows = rows[:limit] if limit else rows
     if isinstance(target, (str, os.PathLike)):
         from ..testbed.targets import load_target

@@ -236,9 +236,14 @@ def spread_subset(items: Sequence[Any], count: int | None, id_of: Callable[[Any]
     chatterbot dialogs); growing `count` only adds items."""
     if count is None or count >= len(items):
         return list(items)
-    ranked = sorted(range(len(items)), key=lambda i: (zlib.crc32(str(id_of(items[i])).encode()), str(id_of(items[i]))))
-    keep = set(ranked[:count])
+    keep = set(spread_ranks(items, id_of)[:count])
     return [e for i, e in enumerate(items) if i in keep]
+
+
+def spread_ranks(items: Sequence[Any], id_of: Callable[[Any], str]) -> list[int]:
+    """Indices of `items` ranked by a crc32 of their ids (ties broken by id): any prefix of the ranking is a sample
+    spread over every source, fixed by the ids alone (`spread_subset` keeps the first `count`)."""
+    return sorted(range(len(items)), key=lambda i: (zlib.crc32(str(id_of(items[i])).encode()), str(id_of(items[i]))))
 
 
 def subset_examples(examples: Sequence[TokenizedExample], count: int | None) -> list[TokenizedExample]:
