@@ -242,6 +242,27 @@ def test_read_examples_merges_folders_newest_first(tmp_path):
         read_examples([new, tmp_path / "empty"])
 
 
+def test_a_capped_folder_gives_a_fixed_spread_sample_and_keeps_its_other_ids_from_later_folders(tmp_path):
+    from dspark_hf.training.data import data_folders, data_sources
+    from dspark_hf.training.trainer import spread_subset
+
+    new, old = tmp_path / "new", tmp_path / "old"
+    new.mkdir(), old.mkdir()
+    _write_shard(new / "data-00000.jsonl", [TokenizedExample("n0", [1, 2], [0, 1], "x")])
+    olds = [TokenizedExample(f"{src}/{i}", [3, i], [0, 1], src) for src in ("p", "q", "r") for i in range(5)]
+    _write_shard(old / "data-00000.jsonl", olds)
+    _write_shard(new / "data-00001.jsonl", [TokenizedExample("p/0", [1, 9], [0, 1], "p")])  # newer answer of p/0
+    capped = read_examples(f"{old}@4,{new}")
+    assert [e.id for e in capped] == spread_subset([e.id for e in olds], 4, str) + ["n0"]  # p/0 stays old's
+    assert {e.id.split("/")[0] for e in capped[:4]} == {"p", "q", "r"}  # a sample of every source
+    assert read_examples(f"{old}@4,{new}") == capped  # fixed by the ids
+    assert len(read_examples(f"{new},{old}@100")) == 16  # a cap above the count: all
+    assert data_sources(f"{new}, {old}@7") == [(new, None), (old, 7)] and data_folders(f"{old}@7") == [old]
+    for bad in (f"{old}@0", f"{old}@x", "@3"):
+        with pytest.raises(ValueError, match="positive number of examples"):
+            read_examples(bad)
+
+
 def test_feature_cache_misses_an_example_whose_tokens_changed(tmp_path):
     target = make_target("qwen3")
     examples = learnable_examples(target, count=4)

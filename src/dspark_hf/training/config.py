@@ -20,7 +20,7 @@ LR_SCHEDULES = ("cosine", "wsd", "constant")
 class DSparkTrainingConfig:
     # ---- what to train
     target: str = field(default="", metadata={"help": "target model: a registry name (see dspark_hf.testbed.targets) or a local folder"})
-    data_dir: str = field(default="", metadata={"help": "folder written by `dspark-hf data` (data-*.jsonl shards), or several comma-separated (newest first: an id in two folders is read from the first)"})
+    data_dir: str = field(default="", metadata={"help": "folder written by `dspark-hf data` (data-*.jsonl shards), or several comma-separated (newest first: an id in two folders is read from the first); `folder@N` takes at most N examples of that folder (a fixed sample spread over its sources), e.g. `data/new,data/old@2000`"})
     output_dir: str = field(default="outputs/drafter", metadata={"help": "checkpoints, logs and the final drafter go here"})
     feature_cache: str | None = field(default=None, metadata={"help": "offline target-feature cache folder (built on first use); empty = online features"})
     feature_cache_dtype: str = field(default="bfloat16", metadata={"help": "storage dtype of the feature cache: 'bfloat16' (half the disk and memory) or 'float32'"})

@@ -115,15 +115,31 @@ def _write_shard(path: Path, examples: list["TokenizedExample"]) -> None:
 
 
 def data_folders(data_dir: str | Path | Sequence[str | Path]) -> list[Path]:
-    """`data_dir` as a list of folders: one folder, a sequence of folders, or a comma-separated string of them."""
+    """`data_dir` as a list of folders: one folder, a sequence of folders, or a comma-separated string of them (an
+    `@N` cap after a folder, see `data_sources`, is dropped here)."""
+    return [folder for folder, _ in data_sources(data_dir)]
+
+
+def data_sources(data_dir: str | Path | Sequence[str | Path]) -> list[tuple[Path, int | None]]:
+    """`data_dir` as (folder, cap) pairs: `data/new,data/old@2000` reads every example of `data/new` and at most
+    2,000 of `data/old` (cap None: all)."""
     if isinstance(data_dir, (str, Path)):
         parts = [p.strip() for p in str(data_dir).split(",")] if isinstance(data_dir, str) else [data_dir]
     else:
         parts = list(data_dir)
-    folders = [Path(p) for p in parts if str(p)]
-    if not folders:
+    sources: list[tuple[Path, int | None]] = []
+    for part in (str(p) for p in parts if str(p)):
+        folder, at, cap = part.rpartition("@")
+        if not at:
+            sources.append((Path(part), None))
+            continue
+        if not cap.isdigit() or int(cap) < 1 or not folder:
+            raise ValueError(f"data folder {part!r}: a cap after '@' must be a positive number of examples, "
+                             "e.g. data/smollm2-135m-20k@2000")
+        sources.append((Path(folder), int(cap)))
+    if not sources:
         raise ValueError("no data folder given")
-    return folders
+    return sources
 
 
 def read_examples(data_dir: str | Path | Sequence[str | Path]) -> list[TokenizedExample]:
@@ -131,20 +147,28 @@ def read_examples(data_dir: str | Path | Sequence[str | Path]) -> list[Tokenized
 
     Several folders (a sequence, or one comma-separated string such as `data/new,data/old`) are read in order; an id
     that two folders both hold is taken from the first that has it, so list the newer answers first (e.g. 256-token
-    answers before an older 128-token run over some of the same prompts)."""
+    answers before an older 128-token run over some of the same prompts). A folder written `folder@N` gives at most N
+    of its examples: a fixed sample spread over its sources (`trainer.spread_subset` by id), e.g. a new kind of data
+    mixed with an equal share of the old; its other ids are still taken as read (no later folder supplies them)."""
     out: list[TokenizedExample] = []
     seen: set[str] = set()
-    for folder in data_folders(data_dir):
+    for folder, cap in data_sources(data_dir):
         shards = _shards(folder)
         if not shards:
             raise FileNotFoundError(f"no data shards (data-*.jsonl[.gz]) in {folder}; run `dspark-hf data` first")
+        fresh: list[TokenizedExample] = []
         for shard in shards:
             for line in _read_shard(shard):
                 if line.strip():
                     example = TokenizedExample(**json.loads(line))
                     if example.id not in seen:
                         seen.add(example.id)
-                        out.append(example)
+                        fresh.append(example)
+        if cap is not None:
+            from .trainer import spread_subset
+
+            fresh = spread_subset(fresh, cap, lambda e: e.id)
+        out.extend(fresh)
     return out
 
 
