@@ -16,6 +16,8 @@ gives to the lookup alone propose up to N drafts, free of the node cap, their le
 `--assist-gated` adds the same chain (and, with `--drafter-chain`, the drafter alone) with `set_assist(realized_gate=
 True)`, suffix `/gated`: the drafter runs only while its rounds emit tokens faster than plain steps, both timed.
 `--drafter-chain` adds `release`: the release drafter alone through `target.generate(assistant_model=drafter)`.
+`--drafter LABEL=FOLDER` (repeatable) runs every drafter method once per drafter named so, under its label instead of
+`release` (FOLDER `release` = the shipped drafter; default: the release alone), e.g. a fine-tuned drafter next to it.
 The target runs prepacked with the GQA attention path, as in `dspark-hf compare --prepack --gqa-attention`. Every
 output is checked token for token against target-only; tau is new tokens per target forward (prefill included).
 Writes `results.json`, `results.md` (tau and speedup per set, macro / geometric means) and `speedup.png`.
@@ -37,7 +39,7 @@ from dspark_hf.models.candidate_generator import LookupAssistant
 from dspark_hf.models.gqa_attention import use_gqa_attention
 from dspark_hf.models.prepacked import prepack_linears
 from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenance
-from dspark_hf.testbed.release import load_release_drafter, resolve_lookup
+from dspark_hf.testbed.release import load_release, load_release_drafter, resolve_lookup
 from dspark_hf.testbed.targets import load_target
 from dspark_hf.training.data import chat_prompt_ids
 
@@ -76,11 +78,18 @@ def main() -> None:
                         "`/gated`): the drafter runs only while its rounds emit faster than plain steps, timed")
     p.add_argument("--drafter-chain", action="store_true",
                    help="also `release`: the release drafter alone (target.generate(assistant_model=drafter))")
+    p.add_argument("--drafter", type=_parse_table, action="append", metavar="LABEL=FOLDER",
+                   help="a drafter for the drafter methods (repeatable; FOLDER `release` = the shipped drafter; "
+                        "default: release=release)")
     p.add_argument("--out", type=Path, required=True)
     args = p.parse_args()
+    args.drafter = args.drafter or [("release", "release")]
     labels = [label for label, _ in args.table]
     if len(set(labels)) != len(labels):
         p.error(f"--table labels must differ, got {labels}")
+    names = [label for label, _ in args.drafter]
+    if len(set(names)) != len(names):
+        p.error(f"--drafter labels must differ, got {names}")
     torch.set_num_threads(1)
     torch.manual_seed(0)
 
@@ -92,7 +101,11 @@ def main() -> None:
         p.error(f"--branch-lookup-max takes draft counts >= 1 (0: a block), got {args.branch_lookup_max}")
     if any(w < 0 for w in args.branches):
         p.error(f"--branches takes node counts >= 1 (0: skip), got {args.branches}")
-    drafter = load_release_drafter(args.target, target).eval() if widths or args.assist or args.drafter_chain else None
+    drafters = {}
+    if widths or args.assist or args.drafter_chain:
+        for name, folder in args.drafter:
+            drafters[name] = (load_release_drafter(args.target, target) if folder == "release"
+                              else load_release(folder, target=target, dtype=target.dtype)).eval()
     tables = {label: resolve_lookup(path, args.target) for label, path in args.table}
     sps = profile_batch1_sps(target)
     sps_cache = SPSCache()  # the batched loop's cost curve, profiled on the first scheduled call (the warm-up)
@@ -100,30 +113,32 @@ def main() -> None:
     if args.prompt_lookup:
         runners["prompt-lookup"] = prompt_lookup_runner(target, args.max_new_tokens, args.prompt_lookup)
     if args.drafter_chain:
-        runners["release"] = greedy_runner(target, args.max_new_tokens, assistant_model=drafter)
-        if args.assist_gated:
-            runners["release/gated"] = assisted_runner(target, args.max_new_tokens, drafter, realized_gate=True)
+        for d, drafter in drafters.items():
+            runners[d] = greedy_runner(target, args.max_new_tokens, assistant_model=drafter)
+            if args.assist_gated:
+                runners[f"{d}/gated"] = assisted_runner(target, args.max_new_tokens, drafter, realized_gate=True)
     for label, table in tables.items():
         runners[f"lookup[{label}]"] = greedy_runner(target, args.max_new_tokens,
                                                     assistant_model=LookupAssistant(table, target, sps=sps))
-        if args.assist:
-            runners[f"release+lookup[{label}]"] = assisted_runner(target, args.max_new_tokens, drafter, lookup=table,
-                                                                  sps=sps)
+        for d, drafter in drafters.items() if args.assist else ():
+            runners[f"{d}+lookup[{label}]"] = assisted_runner(target, args.max_new_tokens, drafter, lookup=table,
+                                                              sps=sps)
             if args.assist_gated:
-                runners[f"release+lookup/gated[{label}]"] = assisted_runner(target, args.max_new_tokens, drafter,
-                                                                            lookup=table, sps=sps, realized_gate=True)
-        for w in widths:
-            for policy in args.branch_policies:
-                for lookup_max in args.branch_lookup_max:
-                    name = "release+branches" + (str(w) if len(widths) > 1 else "")
-                    name += "-" + policy if len(args.branch_policies) > 1 else ""
-                    name += f"-L{lookup_max}" if lookup_max else ""
-                    extra = {"sps": sps_cache} if policy == "scheduled" else {}
-                    if lookup_max:
-                        extra.update(lookup_max_tokens=lookup_max, sps=extra.get("sps", sps))
-                    runners[name + f"[{label}]"] = batched_runner(target, args.max_new_tokens, drafter, lookup=table,
-                                                                  tree_budget=0, tree_max_nodes=w, policy=policy,
-                                                                  **extra)
+                runners[f"{d}+lookup/gated[{label}]"] = assisted_runner(target, args.max_new_tokens, drafter,
+                                                                        lookup=table, sps=sps, realized_gate=True)
+        for d, drafter in drafters.items() if widths else ():
+            for w in widths:
+                for policy in args.branch_policies:
+                    for lookup_max in args.branch_lookup_max:
+                        name = f"{d}+branches" + (str(w) if len(widths) > 1 else "")
+                        name += "-" + policy if len(args.branch_policies) > 1 else ""
+                        name += f"-L{lookup_max}" if lookup_max else ""
+                        extra = {"sps": sps_cache} if policy == "scheduled" else {}
+                        if lookup_max:
+                            extra.update(lookup_max_tokens=lookup_max, sps=extra.get("sps", sps))
+                        runners[name + f"[{label}]"] = batched_runner(target, args.max_new_tokens, drafter,
+                                                                      lookup=table, tree_budget=0, tree_max_nodes=w,
+                                                                      policy=policy, **extra)
     methods = list(runners)
     rows: dict[str, dict[str, dict]] = {}
     for i, name in enumerate(args.sets):
@@ -147,6 +162,7 @@ def main() -> None:
                    "identical": all(rows[s][m]["identical"] for s in rows)} for m in methods}
     atomic_write_json(args.out / "results.json", {
         "provenance": provenance(), "settings": {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()},
+        "drafters": dict(args.drafter),
         "tables": {label: {"file": path, "ngrams": len(tables[label]), **tables[label].meta} for label, path in args.table},
         "results": rows, "summary": summary})
     prov = provenance()
@@ -160,6 +176,8 @@ def main() -> None:
              f"--prompt-lookup {args.prompt_lookup}"
              + (" --assist" if args.assist else "") + (" --assist-gated" if args.assist_gated else "")
              + (" --drafter-chain" if args.drafter_chain else "")
+             + "".join(f" --drafter {name}={folder}" for name, folder in args.drafter
+                       if (name, folder) != ("release", "release"))
              + f" --out {args.out}`.",
              "", "Tables:", ""]
     for label, path in args.table:
