@@ -179,6 +179,29 @@ def test_spread_order_answers_a_source_sorted_file_source_by_source_mixed_and_li
         build_training_data(target, prompts, tmp_path / "x", recipe, tokenizer=tok, progress=False, order="random")
 
 
+def test_sort_window_keeps_the_given_order_at_its_scale_so_a_stopped_run_answered_a_prefix(tmp_path, monkeypatch):
+    import time as time_module
+
+    target = make_target("llama")
+    tok = make_tokenizer()
+    long_words = " ".join(f"w{10 + k}" for k in range(12))
+    prompts = [{"id": f"long{i}", "messages": [{"role": "user", "content": long_words}]} for i in range(2)]
+    prompts += [{"id": f"short{i}", "messages": [{"role": "user", "content": "w5"}]} for i in range(2)]
+    recipe = GenerationRecipe(max_new_tokens=2, batch_size=1, shard_size=1)
+    answered = {}
+    for window in (None, 2):
+        clock = iter([0.0, 0.0, 5.0, 11.0] + [100.0] * 50)  # two batches start before 10 s
+        monkeypatch.setattr(time_module, "perf_counter", lambda: next(clock))
+        out = tmp_path / str(window)
+        generate_responses(target, tok, prompts, out, recipe, progress=False, max_seconds=10, sort_window=window)
+        monkeypatch.undo()
+        answered[window] = sorted(e.id for e in read_examples(out))
+    assert answered[None] == ["short0", "short1"]  # the whole list sorted: the shortest first
+    assert answered[2] == ["long0", "long1"]  # sorted within pairs: the first pair first
+    with pytest.raises(ValueError, match="sort_window"):
+        generate_responses(target, tok, prompts, tmp_path / "bad", recipe, progress=False, sort_window=0)
+
+
 def test_data_cli_passes_max_seconds_and_the_recipe(monkeypatch, tmp_path):
     from dspark_hf import cli
     from dspark_hf.training import data as data_module

@@ -218,6 +218,7 @@ def generate_responses(
     recipe: GenerationRecipe | None = None,
     progress: bool = True,
     max_seconds: float | None = None,
+    sort_window: int | None = None,
 ) -> Path:
     """Lets `target` answer `prompts` ({"id", "messages", "source"?}) and writes tokenized examples to `out_dir`.
 
@@ -229,7 +230,13 @@ def generate_responses(
     the padding id comes from the target's generation config (its EOS when it has none). `max_seconds` stops
     starting new batches once that much wall time has passed; what was answered is written (the last shard may be
     short) and a re-run resumes with the rest.
+
+    Prompts are answered in batches of similar length (sorted by prompt length); `sort_window=N` sorts only within
+    consecutive groups of N prompts, so the order given survives at that scale (a run stopped early has answered a
+    prefix of it, not the shortest prompts of the whole file); None sorts them all.
     """
+    if sort_window is not None and sort_window < 1:
+        raise ValueError(f"sort_window must be >= 1 or None, got {sort_window}")
     began = time.perf_counter()
     recipe = recipe or GenerationRecipe()
     out_dir = Path(out_dir)
@@ -276,7 +283,9 @@ def generate_responses(
     # Batches of similar prompt length: a batch is left-padded to its longest prompt, so mixing 30-token chat
     # prompts with 500-token code listings would multiply the prefill cost. Stable sort: ties keep the file order.
     ids_by_id = {str(p["id"]): ids_of(p) for p in todo}  # through the chat template once per prompt
-    todo = sorted(todo, key=lambda p: len(ids_by_id[str(p["id"])]))
+    window = sort_window or max(1, len(todo))
+    todo = [p for start in range(0, len(todo), window)
+            for p in sorted(todo[start:start + window], key=lambda p: len(ids_by_id[str(p["id"])]))]
     answered = 0
     for batch in _batches(todo, recipe.batch_size):
         if max_seconds is not None and time.perf_counter() - began >= max_seconds:
@@ -328,6 +337,13 @@ class DataBuild:
     summary: str | None = None
 
 
+SPREAD_SORT_BATCHES = 4
+"""`build_training_data(order="spread")` sorts prompts by length within groups of this many batches: enough to batch
+similar lengths, few enough that a stopped run has answered a sample of every source (before 2026-12-06 the whole
+file was sorted, so a run stopped early had answered the shortest prompts: 1,095 boxed-math tasks and 185 function
+stubs of data/train_prompts_evalform.jsonl's first 1,280)."""
+
+
 def build_training_data(
     target: Any,
     prompts: str | os.PathLike,
@@ -355,9 +371,11 @@ def build_training_data(
             (`models.prepacked.prepack_linears`; PyTorch's own CPU GEMM repacks them on every batched call). Skipped,
             with a log line, where the target or the PyTorch build cannot; the model is restored afterwards.
         max_seconds: stop starting new batches after this much wall time (a re-run resumes with the rest).
-        order: `"file"` answers the prompts in file order; `"spread"` in the order of a crc32 of their ids
-            (`trainer.spread_ranks`), so that the part answered when a run stops (`max_seconds`, a session's end) is a
-            sample spread over every source of a source-sorted file, and `limit` takes such a sample.
+        order: `"file"` answers the prompts in file order (batches of similar length drawn from the whole file);
+            `"spread"` in the order of a crc32 of their ids (`trainer.spread_ranks`), length-sorted only within
+            groups of `SPREAD_SORT_BATCHES` batches, so that the part answered when a run stops (`max_seconds`, a
+            session's end) is a sample spread over every source of a source-sorted file, and `limit` takes such a
+            sample.
     """
     from .prompts import read_prompts_jsonl
 
@@ -388,8 +406,9 @@ def build_training_data(
         except ValueError as err:
             logger.info(f"answering without prepacked linears: {err}")
     try:
+        window = (recipe or GenerationRecipe()).batch_size * SPREAD_SORT_BATCHES if order == "spread" else None
         out = Path(generate_responses(target, tokenizer, rows, out_dir, recipe, progress=progress,
-                                     max_seconds=max_seconds))
+                                     max_seconds=max_seconds, sort_window=window))
     finally:
         if packed:
             unpack_linears(target)
