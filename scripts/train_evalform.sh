@@ -58,6 +58,10 @@ mkdir -p "$RUNS/lookup"
 [ -f "$RUNS/lookup/evalform.safetensors" ] || dspark-hf lookup \
     --data data/smollm2-135m-evalform,data/smollm2-135m-20k,data/smollm2-135m-12k,data/smollm2-135m --min-total 2 \
     --out "$RUNS/lookup/evalform.safetensors"
+# the same folders without the eval-form answers: what more general answers alone do
+[ -f "$RUNS/lookup/general.safetensors" ] || dspark-hf lookup \
+    --data data/smollm2-135m-20k,data/smollm2-135m-12k,data/smollm2-135m --min-total 2 \
+    --out "$RUNS/lookup/general.safetensors"
 OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table release=release \
-    --table evalform="$RUNS/lookup/evalform.safetensors" --drafter release=release --drafter "evalform=$RUN/final" \
+    --table general="$RUNS/lookup/general.safetensors" --table evalform="$RUNS/lookup/evalform.safetensors" --drafter release=release --drafter "evalform=$RUN/final" \
     --branches 0 --assist --drafter-chain --prompt-lookup 10 --prompts "$BENCH_PROMPTS" --out "$OUT/batch1"
