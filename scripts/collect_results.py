@@ -637,8 +637,19 @@ SECTIONS = [
      "RUNS=/work/runs THREADS=2 BUDGET=3000 bash scripts/train_evalform.sh (the fine-tune: examples/configs/smollm2-135m-dspark-evalform.yaml on data/smollm2-135m-evalform as committed in dbc63f0, 1,280 answers, and 1,500 general ones; 1,000 steps, 35 minutes on two Zen 4 cores)"),
     ("evalform_smollm2/batch1/results.md",
      "Batch 1, wall clock: the release and the eval-form fine-tune, alone and behind three lookup tables (the "
-     "shipped one; every general answer; the same plus the eval-form answers), prompt lookup as the reference",
+     "shipped one; every general answer; the same plus the eval-form answers), prompt lookup as the reference (the "
+     "unit suite shared the machine during HumanEval and MT-Bench: their later columns ran slower; tau is unaffected)",
      "RUNS=/work/runs THREADS=2 BUDGET=3000 bash scripts/train_evalform.sh (the fine-tune: examples/configs/smollm2-135m-dspark-evalform.yaml on data/smollm2-135m-evalform as committed in dbc63f0, 1,280 answers, and 1,500 general ones; 1,000 steps, 35 minutes on two Zen 4 cores)"),
+    ("evalform_smollm2/batch1_tables/results.md",
+     "The shipped lookup table before and after adding the eval-form answers (evalform-small, shipped since "
+     "2026-12-07; evalform: every answer folder), alone and behind the release drafter, nothing else running",
+     "dspark-hf lookup --data data/smollm2-135m-evalform,data/smollm2-135m-12k,data/smollm2-135m --min-total 2 --out "
+     "/work/runs/lookup/evalform_small.safetensors (data/smollm2-135m-evalform as of commit dbc63f0) && the same "
+     "with --data data/smollm2-135m-evalform,data/smollm2-135m-20k,data/smollm2-135m-12k,data/smollm2-135m --out "
+     "/work/runs/lookup/evalform.safetensors && OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table "
+     "release=release --table evalform-small=/work/runs/lookup/evalform_small.safetensors --table "
+     "evalform=/work/runs/lookup/evalform.safetensors --branches 0 --assist --prompt-lookup 10 --prompts 6 --out "
+     "results/evalform_smollm2/batch1_tables (release = the table shipped before)"),
     ("compare_smollm2_gpu_tau/compare.md",
      "The GPU-trained drafters on the evaluation sets: tau and per-position acceptance (issue 14 goals: macro tau "
      ">= 3.5; DSpark >= 1.15x the DFlash baseline at equal budget)",
