@@ -43,16 +43,18 @@ side shared it in the first lease). Here, add to step 1:
 
     python scripts/gpu_train_drafters.py prepare --target smollm2-135m-instruct --out .gpu --part-mb 39.5 \
         --generate-prompts data/train_prompts_evalform.jsonl,data/train_prompts_20k.jsonl \
-        --generate-skip data/smollm2-135m-20k
-    #    -> .gpu/generate.jsonl.gz: first the 4,040 prompts in the evaluation sets' form (2,000 standard-library
-    #    functions to complete, 2,040 boxed-answer math tasks: what the release drafter lacks, RESULTS.md "held-out
-    #    tau ... per source family"), then the 5,983 of the 20k set unanswered on 2026-12-06, as token ids
+        --generate-skip data/smollm2-135m-20k,data/smollm2-135m-evalform
+    #    -> .gpu/generate.jsonl.gz: first the prompts in the evaluation sets' form not answered here yet (of 2,000
+    #    standard-library functions to complete and 2,040 boxed-answer math tasks: what the release drafter lacks,
+    #    RESULTS.md "held-out tau ... per source family"; 1,280 were answered on a CPU by 2026-12-07, mostly math),
+    #    then the 5,983 of the 20k set unanswered on 2026-12-06, as token ids
 
 and make call 2 (carry .gpu/target.gguf.part01 .gpu/target.gguf.part02 .gpu/manifest.json .gpu/generate.jsonl.gz):
 
     PYTHONPATH=/tmp/site:src python3 scripts/gpu_train_drafters.py run --manifest .gpu/manifest.json \
         --parts /tmp/dspark-parts .gpu --generate .gpu/generate.jsonl.gz --generate-seconds 220 \
-        --generate-batch-size 512 --data data/smollm2-135m-20k,data/smollm2-135m-12k,data/smollm2-135m \
+        --generate-batch-size 512 \
+        --data data/smollm2-135m-evalform,data/smollm2-135m-20k,data/smollm2-135m-12k,data/smollm2-135m \
         --runs dspark-2l --budget 600 --hard-stop 570 --eval-every 400 --out "$OUT" --work /tmp/dspark-work
     #    generation stops starting batches after 220 s; training gets what is left before the hard stop (the budget
     #    is cut to it, with a line saying so); the answers come back first in drafters.tar, and
