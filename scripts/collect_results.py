@@ -650,6 +650,14 @@ SECTIONS = [
      "release=release --table evalform-small=/work/runs/lookup/evalform_small.safetensors --table "
      "evalform=/work/runs/lookup/evalform.safetensors --branches 0 --assist --prompt-lookup 10 --prompts 6 --out "
      "results/evalform_smollm2/batch1_tables (release = the table shipped before)"),
+    ("evalform_smollm2/batch1_branches/results.md",
+     "The lookup table before 2026-12-07 and the one shipped since, alone, behind the release drafter as one chain, and "
+     "as a branch of its chain (4 nodes, lookup rounds up to 16 drafts: the fastest configuration on earlier AVX-512 "
+     "VMs); data generation used the other core",
+     "git show cd3ba6a:src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/lookup.safetensors > "
+     "/work/runs/lookup/before_20261207.safetensors && OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table "
+     "before=/work/runs/lookup/before_20261207.safetensors --table shipped=release --branches 4 --branch-lookup-max 16 "
+     "--assist --prompt-lookup 0 --prompts 6 --out results/evalform_smollm2/batch1_branches"),
     ("compare_smollm2_gpu_tau/compare.md",
      "The GPU-trained drafters on the evaluation sets: tau and per-position acceptance (issue 14 goals: macro tau "
      ">= 3.5; DSpark >= 1.15x the DFlash baseline at equal budget)",
