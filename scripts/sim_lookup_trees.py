@@ -1,6 +1,7 @@
 """Would a tree of lookup drafts beat the lookup's chain? An offline answer from recorded target greedy output (issue 13).
 
     python scripts/sim_lookup_trees.py --prompts 12 --max-new-tokens 128 --out results/lookup_tree_sim
+    python scripts/sim_lookup_trees.py --out results/lookup_tree_sim --tables shipped=release new=/path/new.safetensors
 
 Step 1 (`refs.json` in `--out`, reused when present): the target's own greedy continuation of the first `--prompts`
 prompts of each evaluation set. Step 2: replays decoding rounds against it with no target forward at all. At each
@@ -15,7 +16,11 @@ For node budgets N, a round keeps the chain's first N drafts (a chain's survival
 most likely) or the tree's N nodes of highest survival (a set closed under parents), and accepts the longest kept
 path that equals the target's continuation, plus the bonus token: the greedy rule, exactly. Tau is new tokens per
 round. Wall clock is not simulated: a tree pays only if its tau gain at N nodes beats what the N nodes cost, read
-against the target's cost curve (`profile_batch1_sps`), which the script prints for the same budgets.
+against the target's cost curve (a forward of N + 1 new tokens after 300 cached ones against one of 1, measured in the
+same run), which the script prints for the same budgets.
+
+`--tables LABEL=FILE ...` instead replays the chain alone with each table (same recorded continuations, same
+budgets) and writes `tables.md`: how a table's construction (orders, pruning, data) moves tau, with no timing noise.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ import numpy as np
 import torch
 
 from dspark_hf.evaluation.prompt_sets import load_prompt_set
-from dspark_hf.testbed.release import resolve_lookup
+from dspark_hf.testbed.release import LOOKUPS, RELEASE_DIR, resolve_lookup
 from dspark_hf.testbed.targets import load_target
 
 SETS = ("humaneval", "mt_bench", "math500", "aime", "gsm_symbolic")
@@ -110,9 +115,10 @@ def accepted(paths: list[list[int]], truth: list[int]) -> int:
     return best
 
 
-def simulate(refs: list[dict], table, depth: int, budgets: list[int]) -> dict:
+def simulate(refs: list[dict], table, depth: int, budgets: list[int], trees: bool = True) -> dict:
+    """Per set, per method (`chainN`, and `treeN` with `trees`): the mean over continuations of new tokens per round."""
     drafts = Drafts(table)
-    methods = [f"chain{n}" for n in budgets] + [f"tree{n}" for n in budgets]
+    methods = [f"chain{n}" for n in budgets] + ([f"tree{n}" for n in budgets] if trees else [])
     tau: dict[str, dict[str, list[float]]] = {}
     for ref in refs:
         prompt, gen = ref["prompt"], ref["gen"]
@@ -159,6 +165,42 @@ def cost_curve(target_name: str, widths: list[int], context: int = 300, repeats:
     return out
 
 
+def compare_tables(refs: list[dict], tables: list[tuple[str, str]], args: argparse.Namespace) -> None:
+    """`--tables`: the chain's tau per table and budget, one row per table."""
+    rows = []
+    for label, path in tables:
+        table = resolve_lookup(path, args.target)
+        tau = simulate(refs, table, max(args.budgets), args.budgets, trees=False)
+        macro = {f"chain{n}": float(np.mean([tau[s][f"chain{n}"] for s in tau])) for n in args.budgets}
+        file = RELEASE_DIR / LOOKUPS[args.target] / "lookup.safetensors" if path == "release" else Path(path)
+        size = file.stat().st_size / 1e6
+        rows.append({"label": label, "file": path, "ngrams": len(table), "max_order": table.max_order, "mb": size, "meta": table.meta, "tau": tau,
+                     "macro": macro})
+        print(f"{label}: {len(table):,} n-grams, macro {macro}", file=sys.stderr, flush=True)
+    sets = list(rows[0]["tau"])
+    n_last = max(args.budgets)
+    lines = ["# Lookup tables replayed offline: the chain's tau (greedy, batch 1)", "",
+             f"Command: `python scripts/sim_lookup_trees.py --out {args.out} --budgets "
+             f"{' '.join(map(str, args.budgets))} --tables {' '.join(args.tables)}`. {len(refs)} recorded target "
+             f"continuations (`refs.json`); per table (built with `dspark-hf lookup --data ... --max-order O --min-total M`; "
+             f"its data below): n-grams, file size, the chain's macro tau at each budget and "
+             f"per set at {n_last} drafts. Deterministic: no timing, so differences of 0.01 are real for these prompts.",
+             "", "| table | max order | min total | n-grams | MB | " + " | ".join(f"macro@{n}" for n in args.budgets) + " | "
+             + " | ".join(f"{s}@{n_last}" for s in sets) + " |",
+             "|---|---|---|---|---|" + "---|" * (len(args.budgets) + len(sets))]
+    for r in rows:
+        lines.append(f"| {r['label']} | {r['max_order']} | {r['meta'].get('min_total', '?')} | {r['ngrams']:,} | "
+                     f"{r['mb']:.1f} | "
+                     + " | ".join(f"{r['macro'][f'chain{n}']:.3f}" for n in args.budgets) + " | "
+                     + " | ".join(f"{r['tau'][s][f'chain{n_last}']:.2f}" for s in sets) + " |")
+    lines += ["", "Tables:", ""] + [f"- `{r['label']}`: {r['file']} ({json.dumps(r['meta'])})" for r in rows]
+    text = "\n".join(lines) + "\n"
+    out = Path(args.out)
+    (out / "tables.md").write_text(text)
+    (out / "tables.json").write_text(json.dumps({"settings": vars(args), "tables": rows}, indent=1))
+    print(text)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--target", default="smollm2-135m-instruct")
@@ -167,8 +209,15 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=128)
     p.add_argument("--depth", type=int, default=16)
     p.add_argument("--budgets", type=int, nargs="+", default=[4, 8, 12, 16])
+    p.add_argument("--tables", nargs="+", metavar="LABEL=FILE", default=None,
+                   help="replay the chain with each table instead (FILE `release`: the shipped one); writes tables.md")
     p.add_argument("--out", required=True)
     args = p.parse_args()
+    tables = None
+    if args.tables:
+        tables = [tuple(t.split("=", 1)) for t in args.tables]
+        if any(len(t) != 2 or not all(t) for t in tables):
+            p.error(f"--tables takes LABEL=FILE entries, got {args.tables}")
     torch.set_num_threads(1)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -180,6 +229,8 @@ def main() -> None:
         tmp = refs_file.with_suffix(".tmp")
         tmp.write_text(json.dumps(refs))
         tmp.replace(refs_file)
+    if tables is not None:
+        return compare_tables(refs, tables, args)
     table = resolve_lookup(args.lookup, args.target)
     tau = simulate(refs, table, args.depth, args.budgets)
     curve = cost_curve(args.target, [1] + sorted({n + 1 for n in args.budgets}))

@@ -1060,3 +1060,29 @@ def test_realized_gate_stops_only_a_drafter_that_confidently_loses():
         rates.observe("drafter", 1.4, tokens)
     rates.drafted = rates.min_rounds
     assert not rates.loses() and rates.runs_drafter()
+
+
+def test_sim_lookup_trees_replays_the_chain_and_the_other_sources_branch():
+    """`scripts/sim_lookup_trees.py`: the tree holds the chain's nodes first (same survival), adds the other source's
+    token where the corpus and the context disagree, never raises survival along a path, and a replay whose target
+    follows the losing source accepts more with the tree than with the chain at the same node budget."""
+    from conftest import load_script
+
+    script = load_script("sim_lookup_trees")
+    table = NgramLookup.build([([1, 2, 5, 6, 8, 9], [0, 0, 1, 1, 1, 1])] * 6, max_order=2, heldout_share=0.0)
+    drafts = script.Drafts(table)
+    seq = [3, 5, 7, 4, 5]  # the context saw 5 -> 7; the corpus says 5 -> 6
+    toks, surv, _ = drafts.chain(seq, 3)
+    nodes = drafts.tree(seq, 3)
+    assert toks[0] == 6  # (equal estimates: the corpus first, as `NgramLookup.propose`)
+    assert table.propose(seq, 3).tokens == toks
+    assert [(p, s) for p, s in nodes[: len(toks)]] == [(toks[: j + 1], surv[j]) for j in range(len(toks))]
+    assert {p[0] for p, _ in nodes if len(p) == 1} == {6, 7}
+    survival = {tuple(p): s for p, s in nodes}
+    assert all(s <= survival[tuple(p[:-1])] + 1e-12 for p, s in nodes if len(p) > 1)
+    assert script.accepted([[6, 8], [7, 4]], [7, 4, 1]) == 2 and script.accepted([[6]], [7]) == 0
+    refs = [{"set": "a", "prompt": seq, "gen": [7, 4, 9]}]
+    tau = script.simulate(refs, table, depth=3, budgets=[4])
+    # chain: 6 rejected (+7), then 4 accepted, 5 rejected (+9): 2 rounds; tree: 7, 4 accepted (+9): 1 round
+    assert tau["a"] == {"chain4": 1.5, "tree4": 3.0}
+    assert script.simulate(refs, table, 3, [4], trees=False)["a"] == {"chain4": 1.5}
