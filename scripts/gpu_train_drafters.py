@@ -46,8 +46,8 @@ side shared it in the first lease). Here, add to step 1:
         --generate-skip data/smollm2-135m-20k,data/smollm2-135m-evalform
     #    -> .gpu/generate.jsonl.gz: first the prompts in the evaluation sets' form not answered here yet (of 2,000
     #    standard-library functions to complete and 2,040 boxed-answer math tasks: what the release drafter lacks,
-    #    RESULTS.md "held-out tau ... per source family"; 2,048 were answered on a CPU by 2026-12-07, 1,346 of them math),
-    #    then the 5,983 of the 20k set unanswered on 2026-12-06, as token ids
+    #    RESULTS.md "held-out tau ... per source family"; all 4,040 were answered on a CPU by 2026-12-07, so
+    #    none is left), then the 5,983 of the 20k set unanswered on 2026-12-06, as token ids
 
 and make call 2 (carry .gpu/target.gguf.part01 .gpu/target.gguf.part02 .gpu/manifest.json .gpu/generate.jsonl.gz):
 
