@@ -658,6 +658,17 @@ SECTIONS = [
      "/work/runs/lookup/before_20261207.safetensors && OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table "
      "before=/work/runs/lookup/before_20261207.safetensors --table shipped=release --branches 4 --branch-lookup-max 16 "
      "--assist --prompt-lookup 0 --prompts 6 --out results/evalform_smollm2/batch1_branches"),
+    ("lookup_tree_sim/results.md",
+     "Lookup alternatives as tree branches, replayed offline against the target's recorded greedy output: tree / chain "
+     "tau at equal node budgets (issue 13), with the target's cost curve for those widths from the same run",
+     "python scripts/sim_lookup_trees.py --prompts 12 --max-new-tokens 128 --out results/lookup_tree_sim"),
+    ("lookup_tree_sim/tables.md",
+     "Lookup tables replayed offline on the same recorded output: the chain's tau per table (n-gram orders, pruning, "
+     "the eval-form answers), no timing noise",
+     "for o in 8 12 16; do dspark-hf lookup --data data/smollm2-135m-evalform,data/smollm2-135m-12k,data/smollm2-135m "
+     "--max-order $o --min-total 2 --out /work/runs/lookup/o${o}m2.safetensors; done; the same with --max-order 8 "
+     "--min-total 1 / 3 (o8m1, o8m3) && python scripts/sim_lookup_trees.py --out results/lookup_tree_sim "
+     "--budgets 4 8 16 --tables shipped=release ... (the labels and files in the section)"),
     ("compare_smollm2_gpu_tau/compare.md",
      "The GPU-trained drafters on the evaluation sets: tau and per-position acceptance (issue 14 goals: macro tau "
      ">= 3.5; DSpark >= 1.15x the DFlash baseline at equal budget)",
