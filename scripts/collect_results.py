@@ -669,6 +669,15 @@ SECTIONS = [
      "--max-order $o --min-total 2 --out /work/runs/lookup/o${o}m2.safetensors; done; the same with --max-order 8 "
      "--min-total 1 / 3 (o8m1, o8m3) && python scripts/sim_lookup_trees.py --out results/lookup_tree_sim "
      "--budgets 4 8 16 --tables shipped=release ... (the labels and files in the section)"),
+    ("evalform_smollm2/batch1_pruned/results.md",
+     "The lookup table shipped on 2026-12-07 (1,280 eval-form answers, contexts seen 2+ times, 24 MB) against tables "
+     "from all 4,040 eval-form answers with contexts seen 3+ (m3, 18 MB, shipped since) or 4+ times (m4, 13 MB), alone "
+     "and behind the release drafter; a fine-tune used the other core",
+     "dspark-hf lookup --data data/smollm2-135m-evalform,data/smollm2-135m-12k,data/smollm2-135m --min-total 3 --out "
+     "/work/runs/lookup/f8m3.safetensors && the same with --min-total 4 --out /work/runs/lookup/f8m4.safetensors && "
+     "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table shipped=release --table "
+     "m3=/work/runs/lookup/f8m3.safetensors --table m4=/work/runs/lookup/f8m4.safetensors --branches 0 --assist "
+     "--prompt-lookup 10 --prompts 6 --out results/evalform_smollm2/batch1_pruned (shipped = the table of 8745a55)"),
     ("compare_smollm2_gpu_tau/compare.md",
      "The GPU-trained drafters on the evaluation sets: tau and per-position acceptance (issue 14 goals: macro tau "
      ">= 3.5; DSpark >= 1.15x the DFlash baseline at equal budget)",
