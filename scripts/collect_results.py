@@ -661,14 +661,21 @@ SECTIONS = [
     ("lookup_tree_sim/results.md",
      "Lookup alternatives as tree branches, replayed offline against the target's recorded greedy output: tree / chain "
      "tau at equal node budgets (issue 13), with the target's cost curve for those widths from the same run",
-     "python scripts/sim_lookup_trees.py --prompts 12 --max-new-tokens 128 --out results/lookup_tree_sim"),
+     "python scripts/sim_lookup_trees.py --prompts 12 --max-new-tokens 128 --out results/lookup_tree_sim (the shipped "
+     "table was then the one of 8745a55; --lookup FILE replays another)"),
     ("lookup_tree_sim/tables.md",
      "Lookup tables replayed offline on the same recorded output: the chain's tau per table (n-gram orders, pruning, "
      "the eval-form answers), no timing noise",
-     "for o in 8 12 16; do dspark-hf lookup --data data/smollm2-135m-evalform,data/smollm2-135m-12k,data/smollm2-135m "
-     "--max-order $o --min-total 2 --out /work/runs/lookup/o${o}m2.safetensors; done; the same with --max-order 8 "
-     "--min-total 1 / 3 (o8m1, o8m3) && python scripts/sim_lookup_trees.py --out results/lookup_tree_sim "
-     "--budgets 4 8 16 --tables shipped=release ... (the labels and files in the section)"),
+     "D=data/smollm2-135m-evalform,data/smollm2-135m-12k,data/smollm2-135m; for m in 1 2 3 4; do dspark-hf lookup "
+     "--data $D --min-total $m --out /work/runs/lookup/f8m$m.safetensors; done; for o in 12 16; do dspark-hf lookup "
+     "--data $D --max-order $o --min-total 2 --out /work/runs/lookup/f${o}m2.safetensors; done; git show "
+     "cd3ba6a:src/dspark_hf/testbed/releases/smollm2-135m-instruct-lookup/lookup.safetensors > "
+     "/work/runs/lookup/before_20261207.safetensors; git show 8745a55:<the same path> > /work/runs/lookup/shipped.safetensors "
+     "&& python scripts/sim_lookup_trees.py --out results/lookup_tree_sim --budgets 4 8 16 --tables "
+     "shipped=/work/runs/lookup/shipped.safetensors before=/work/runs/lookup/before_20261207.safetensors "
+     "m1=/work/runs/lookup/f8m1.safetensors ... m4=/work/runs/lookup/f8m4.safetensors "
+     "order12=/work/runs/lookup/f12m2.safetensors order16=/work/runs/lookup/f16m2.safetensors (the run below passed "
+     "shipped=release, which was the 8745a55 table then; m3 is the table shipped since)"),
     ("evalform_smollm2/batch1_pruned/results.md",
      "The lookup table shipped on 2026-12-07 (1,280 eval-form answers, contexts seen 2+ times, 24 MB) against tables "
      "from all 4,040 eval-form answers with contexts seen 3+ (m3, 18 MB, shipped since) or 4+ times (m4, 13 MB), alone "
