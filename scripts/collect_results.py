@@ -631,6 +631,20 @@ SECTIONS = [
      "The release drafter fine-tuned on the target's answers to eval-form prompts (1,095 boxed-math tasks, 185 "
      "function stubs) mixed with 1,500 general answers, on the same prompts: macro tau +3% (GSM-Symbolic +10%)",
      "RUNS=/work/runs THREADS=2 BUDGET=3000 bash scripts/train_evalform.sh (the fine-tune: examples/configs/smollm2-135m-dspark-evalform.yaml on data/smollm2-135m-evalform as committed in dbc63f0, 1,280 answers, and 1,500 general ones; 1,000 steps, 35 minutes on two Zen 4 cores)"),
+    ("evalform_smollm2/eval_evalform2/eval.md",
+     "The same fine-tune on more eval-form answers (the first 23 shards of data/smollm2-135m-evalform: 2,944 answers, "
+     "mostly function stubs beyond the first run's) and 1,500 general ones, one torch thread: macro tau 1.658 against "
+     "the release's 1.596 and the first fine-tune's 1.649; HumanEval unchanged (1.74); held-out tau on 8 spread "
+     "general prompts along the run 1.500 / 1.509 / 1.541 / 1.509 at steps 250-1000 (release 1.537): not released",
+     "mkdir -p /work/runs/snap2/smollm2-135m-evalform && cp data/smollm2-135m-evalform/data-000{00..22}.jsonl.gz "
+     "data/smollm2-135m-evalform/manifest.json /work/runs/snap2/smollm2-135m-evalform/ && OMP_NUM_THREADS=1 dspark-hf "
+     "train --config examples/configs/smollm2-135m-dspark-evalform.yaml "
+     "data_dir=/work/runs/snap2/smollm2-135m-evalform,data/smollm2-135m-20k@1500 "
+     "feature_cache=/work/runs/features/smollm2-135m-bf16 feature_cache_dtype=bfloat16 "
+     "output_dir=/work/runs/smollm2-135m-dspark-evalform2 time_budget_seconds=3300 mixed_precision=no && "
+     "OMP_NUM_THREADS=1 dspark-hf eval --drafter /work/runs/smollm2-135m-dspark-evalform2/final --target "
+     "smollm2-135m-instruct --limit 16 --max-new-tokens 64 --speed-prompts 0 --no-quality --out "
+     "results/evalform_smollm2/eval_evalform2 (49 minutes of training on one Zen 4 core)"),
     ("evalform_smollm2/heldout96.md",
      "The release and the eval-form fine-tune on all 96 general held-out prompts, per source: what the fine-tune "
      "costs off its new domain",
