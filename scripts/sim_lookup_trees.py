@@ -65,15 +65,11 @@ class Drafts:
         """((token, estimate) of the chain's pick, (token, estimate) of the other source's differing pick or None)."""
         t = self.table
         cands = (t._corpus_candidate(seq), t._context_candidate(seq))
-        scored = [(t.estimate(s, c[1], c[2], c[3]), c[0]) for s, c in enumerate(cands) if c is not None]
-        if not scored:
+        best = t._best(*cands)  # (the chain's rule, `NgramLookup.propose`'s)
+        if best is None:
             return None, None
-        best = max(scored, key=lambda x: x[0])  # (corpus first on ties, as `_best`)
-        for e, tok in scored:
-            if e == best[0]:
-                best = (e, tok)
-                break
-        other = next(((tok, e) for e, tok in scored if tok != best[1]), None)
+        other = next(((c[0], t.estimate(s, c[1], c[2], c[3])) for s, c in enumerate(cands)
+                      if c is not None and c[0] != best[1]), None)
         return (best[1], best[0]), other
 
     def chain(self, seq: list[int], depth: int) -> tuple[list[int], list[float], list]:
