@@ -690,6 +690,12 @@ SECTIONS = [
      "m1=/work/runs/lookup/f8m1.safetensors ... m4=/work/runs/lookup/f8m4.safetensors "
      "order12=/work/runs/lookup/f12m2.safetensors order16=/work/runs/lookup/f16m2.safetensors (the run below passed "
      "shipped=release, the 8745a55 table, still shipped)"),
+    ("drafter_lookup_sim/results.md",
+     "Lookup drafts and the release drafter in one round, replayed offline on the same recorded output: one source per "
+     "round, spliced per position (by estimates, or by a table fit on the other half of the prompts), and the two "
+     "oracles (the better chain after the fact; either source right at each position): how much tau any combination "
+     "of today's two sources can reach (issue 14)",
+     "python scripts/sim_drafter_lookup.py --scheduled --out results/drafter_lookup_sim"),
     ("evalform_smollm2/batch1_pruned/results.md",
      "The lookup table shipped on 2026-12-07 (1,280 eval-form answers, contexts seen 2+ times, 24 MB) against tables "
      "from all 4,040 eval-form answers with contexts seen 3+ (m3, 18 MB) or 4+ times (m4, 13 MB; neither shipped), alone "

@@ -1086,3 +1086,58 @@ def test_sim_lookup_trees_replays_the_chain_and_the_other_sources_branch():
     # chain: 6 rejected (+7), then 4 accepted, 5 rejected (+9): 2 rounds; tree: 7, 4 accepted (+9): 1 round
     assert tau["a"] == {"chain4": 1.5, "tree4": 3.0}
     assert script.simulate(refs, table, 3, [4], trees=False)["a"] == {"chain4": 1.5}
+
+
+def test_sim_drafter_lookup_replays_each_rule_by_hand():
+    """`scripts/sim_drafter_lookup.py`'s replay on a continuation built by hand: the lookup is wrong at position 1,
+    the drafter at position 2, so each source's chain and the better chain per round need 3 rounds for 8 tokens,
+    while choosing per position needs 2; the estimates steer `splice` to the drafter exactly where the lookup is
+    unsure, and the fitted table decides `splice_fit`."""
+    from conftest import load_script
+
+    script = load_script("sim_drafter_lookup")
+    gen = [1, 2, 3, 4, 5, 6, 7, 8]
+    l_tok = [1, 0, 3, 4, 5, 6, 7, 8]
+    l_est = [0.9, 0.3, 0.9, 0.9, 0.9, 0.9, 0.9, 0.9]
+    d_tok = np.array([[gen[t + j] if t + j < 8 and t + j != 2 else 0 for j in range(3)] for t in range(8)])
+    d_conf = np.full((8, 3), 0.5)
+    lookup_first = np.ones((5, 5), dtype=bool)
+    tau = script.replay(gen, l_tok, l_est, d_tok, d_conf, 3, None, lookup_first)
+    assert tau == pytest.approx({"lookup": 8 / 3, "drafter": 8 / 3, "round_pick": 8 / 3, "splice": 4.0,
+                                 "splice_fit": 8 / 3, "oracle_round": 8 / 3, "oracle_splice": 4.0})
+    drafter_first = script.replay(gen, l_tok, l_est, d_tok, d_conf, 3, None, ~lookup_first)
+    assert drafter_first["splice_fit"] == pytest.approx(8 / 3)  # right at 1, wrong at 2: the drafter's chain
+    flat = script.replay(gen, l_tok, l_est, d_tok, d_conf, 3, [1.0] * 4, lookup_first)
+    assert flat["round_pick_scheduled"] == flat["round_pick"] and flat["splice_fit_scheduled"] == flat["splice_fit"]
+    steep = script.replay(gen, l_tok, l_est, d_tok, d_conf, 3, [1.0, 9.0, 9.0, 9.0], lookup_first)
+    assert steep["round_pick_scheduled"] == 1.0  # a draft costs more than it can return: plain steps
+    data = [{"gen": gen, "l_tok": l_tok, "l_est": l_est, "d_tok": d_tok, "d_conf": d_conf}]
+    table = script.fit_choice(data, 3)
+    # disagreements: position 1 (lookup 0.3 -> bin 1, drafter right) and position 2 (lookup 0.9 -> bin 4, lookup right)
+    assert not table[1, 2] and table[4, 2] and table[0, 0]
+
+
+def test_sim_drafter_lookup_drafts_the_block_draft_drafts():
+    """`drafter_blocks` (one target forward, every anchor at once, the head fed the recorded previous token) gives
+    the tokens and STS confidences of `DSparkDrafter.draft` through its cache: the whole block where the recorded
+    continuation is the drafter's own, the first slot at every anchor."""
+    from conftest import cached_draft, load_script, make_drafter, make_target
+
+    script = load_script("sim_drafter_lookup")
+    target = make_target()
+    drafter = make_drafter(target, draft_candidates=8)
+    drafter.set_sts_temperatures([0.5, 1.0, 2.0, 1.5])
+    features = script.OnlineFeatures(target, drafter.config.target_layer_ids)
+    prompt = [5, 17, 33, 2, 60, 41, 9]
+    ids = torch.tensor([prompt])
+    own = cached_draft(drafter, target, ids, len(prompt) - 1)
+    gen = own.tokens[0].tolist() + [11, 12, 13]
+    tokens, conf = script.drafter_blocks(drafter, features, prompt, gen)
+    assert tokens.shape == (len(gen), 4)
+    assert tokens[0].tolist() == own.tokens[0].tolist()
+    assert np.allclose(conf[0], own.confidences[0].numpy(), atol=1e-5)
+    full = torch.tensor([prompt + gen])
+    for t in range(1, len(gen)):
+        block = cached_draft(drafter, target, full, len(prompt) + t - 1)
+        assert int(tokens[t, 0]) == int(block.tokens[0, 0])
+        assert abs(float(conf[t, 0]) - float(block.confidences[0, 0])) < 1e-5
