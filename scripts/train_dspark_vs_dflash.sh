@@ -9,6 +9,8 @@
 #   RUNS=/work/runs EXAMPLES=1024 STEPS=600 bash scripts/train_dspark_vs_dflash.sh
 #   RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_1200 \
 #       HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_1200.json bash scripts/train_dspark_vs_dflash.sh
+#   RUNS=/work/runs STEPS=1200 EVERY=300 TAG=-r128 DSPARK_ARGS="markov_rank=128" OUT=... HELDOUT=... bash ...
+#       (TAG names both runs' folders; DSPARK_ARGS are key=value settings for the DSpark run only)
 # fp32: on CPUs without AVX-512 BF16 / AMX bf16 autocast is 5-7x slower (results/cpu_bf16); MIXED=bf16 elsewhere.
 # Resumable (re-running continues each run from its newest checkpoint; the feature cache is shared and kept).
 set -euo pipefail
@@ -23,6 +25,8 @@ ORDER=${ORDER:-spread}
 MIXED=${MIXED:-no}
 OUT=${OUT:-results/training_smollm2_dspark_vs_dflash}
 HELDOUT=${HELDOUT:-results/heldout_tau/smollm2_dspark_vs_dflash.json}
+TAG=${TAG:-}
+read -r -a dspark_args <<< "${DSPARK_ARGS:-}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 common=(--config examples/configs/smollm2-135m-dspark-long.yaml "feature_cache=$RUNS/features/smollm2-135m-bf16"
         feature_cache_dtype=bfloat16 "max_examples=$EXAMPLES" "max_steps=$STEPS" "eval_every=$EVERY" save_every=100
@@ -31,18 +35,20 @@ mkdir -p "$RUNS"
 # the feature cache once (both runs read it), then the two runs in parallel
 dspark-hf train "${common[@]}" "output_dir=$RUNS/dspark-vs-dflash-cache" stop_at_step=1 > "$RUNS/dspark-vs-dflash-cache.log" 2>&1
 for variant in dspark dflash; do
-  dspark-hf train "${common[@]}" "variant=$variant" "output_dir=$RUNS/$variant-$EXAMPLES-$STEPS" \
-      > "$RUNS/$variant-$EXAMPLES-$STEPS.log" 2>&1 &
+  extra=()
+  [ "$variant" = dspark ] && extra=("${dspark_args[@]}")
+  dspark-hf train "${common[@]}" "variant=$variant" "${extra[@]}" "output_dir=$RUNS/$variant$TAG-$EXAMPLES-$STEPS" \
+      > "$RUNS/$variant$TAG-$EXAMPLES-$STEPS.log" 2>&1 &
 done
 wait
 # both final drafters at once (one core each), then one table
 for variant in dspark dflash; do
   python scripts/heldout_tau.py --target smollm2-135m-instruct --num-prompts "$FINAL_PROMPTS" --threads 1 \
-      --order "$ORDER" --by-source --drafter "$variant=$RUNS/$variant-$EXAMPLES-$STEPS/final" \
-      --out "$RUNS/heldout-$variant-$EXAMPLES-$STEPS.json" > "$RUNS/heldout-$variant-$EXAMPLES-$STEPS.log" 2>&1 &
+      --order "$ORDER" --by-source --drafter "$variant$TAG=$RUNS/$variant$TAG-$EXAMPLES-$STEPS/final" \
+      --out "$RUNS/heldout-$variant$TAG-$EXAMPLES-$STEPS.json" > "$RUNS/heldout-$variant$TAG-$EXAMPLES-$STEPS.log" 2>&1 &
 done
 wait
-python scripts/heldout_tau.py --merge "$RUNS/heldout-dspark-$EXAMPLES-$STEPS.json" \
-    "$RUNS/heldout-dflash-$EXAMPLES-$STEPS.json" --out "$HELDOUT"
-dspark-hf training-report --run "dspark=$RUNS/dspark-$EXAMPLES-$STEPS" --run "dflash=$RUNS/dflash-$EXAMPLES-$STEPS" \
-    --out "$OUT"
+python scripts/heldout_tau.py --merge "$RUNS/heldout-dspark$TAG-$EXAMPLES-$STEPS.json" \
+    "$RUNS/heldout-dflash$TAG-$EXAMPLES-$STEPS.json" --out "$HELDOUT"
+dspark-hf training-report --run "dspark$TAG=$RUNS/dspark$TAG-$EXAMPLES-$STEPS" \
+    --run "dflash$TAG=$RUNS/dflash$TAG-$EXAMPLES-$STEPS" --out "$OUT"
