@@ -13,6 +13,8 @@ each position (`NgramLookup`'s chain rule: the better-estimated of its corpus an
 function of the recorded prefix. Per round (N drafts verified, all methods alike):
 
 * `lookup`, `drafter`: one source's chain;
+* `lookup_by_drafter`: the lookup's chain, except that where its corpus and context candidates disagree the one
+  the drafter gives the higher probability is drafted (the drafter as the lookup's arbiter);
 * `round_pick`: the source with the larger expected number of accepted drafts (sum of prefix survival; the rule of
   `merge_lookup_drafts`, the batched loop's);
 * `splice`: at every depth the token of the source whose *conditional* estimate there is higher (the lookup's
@@ -49,7 +51,8 @@ from dspark_hf.testbed.targets import load_target  # noqa: E402
 from dspark_hf.training.data import TokenizedExample  # noqa: E402
 from dspark_hf.training.features import OnlineFeatures  # noqa: E402
 
-METHODS = ("lookup", "drafter", "round_pick", "splice", "splice_fit", "oracle_round", "oracle_splice")
+METHODS = ("lookup", "drafter", "lookup_by_drafter", "round_pick", "splice", "splice_fit", "oracle_round",
+           "oracle_splice")
 BINS = np.array([0.2, 0.4, 0.6, 0.8])  # estimate bins of `splice_fit`'s table (5 x 5)
 
 
@@ -72,9 +75,12 @@ def fit_choice(data: list[dict], k: int) -> np.ndarray:
 
 
 @torch.no_grad()
-def drafter_blocks(drafter, features, prompt: list[int], gen: list[int]) -> tuple[np.ndarray, np.ndarray]:
+def drafter_blocks(drafter, features, prompt: list[int], gen: list[int],
+                   scored: list[list[int]] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """`[T, K]` draft tokens and confidences of the drafter's block at every round start t (its anchor is the last
-    verified token, position len(prompt) + t - 1), the head fed the recorded previous token."""
+    verified token, position len(prompt) + t - 1), the head fed the recorded previous token; with `scored` (per
+    position of the continuation, C target ids), also `[T, K, C]` the drafter's log-probabilities of them over its
+    whole draft vocabulary at the slot that drafts that position (-inf outside it, or for an id < 0)."""
     seq = prompt + gen
     ex = TokenizedExample(id="r", input_ids=seq, loss_mask=[0] * len(prompt) + [1] * len(gen))
     f = features([ex])
@@ -89,15 +95,30 @@ def drafter_blocks(drafter, features, prompt: list[int], gen: list[int]) -> tupl
     head, d2t = drafter.markov_head, drafter.d2t
     temps = drafter.config.sts_temperatures
     tokens, confs = [], []
+    logp = None
+    if scored is not None:
+        vocab = drafter.config.vocab_size
+        t2d = torch.arange(vocab) if d2t is None else torch.full((vocab,), -1, dtype=torch.long).index_copy(
+            0, d2t, torch.arange(len(d2t)))
+        c = len(scored[0]) if scored else 0
+        wanted = torch.tensor([row for row in scored] + [[-1] * c] * k, dtype=torch.long)  # [len(gen) + K, C]
+        logp = torch.full((len(gen), k, c), float("-inf"))
     for j in range(k):
         prev_ids = padded[pos + j].clamp(min=0)  # the anchor, then the recorded tokens (past the end: no match anyway)
         latent, feats, _ = head.step(drafter.to_draft_inputs(prev_ids), hidden[:, j], None)
+        if logp is not None:
+            full = torch.log_softmax(base[:, j] + head.markov_w2(latent).float(), dim=-1)  # [T, Vd]
+            want = wanted[j:j + len(gen)]  # the ids of the position slot j drafts, per round start
+            ok = want >= 0
+            draft_ids = torch.where(ok, t2d[want.clamp(min=0)], -1)
+            ok &= draft_ids >= 0
+            logp[:, j] = torch.where(ok, full.gather(1, draft_ids.clamp(min=0)), float("-inf"))
         logits = values[:, j] + head.project_rows(latent, rows[:, j]).float()
         pick = cand[:, j].gather(1, logits.argmax(-1, keepdim=True)).squeeze(1)
         tokens.append(pick if d2t is None else d2t[pick])
         raw = drafter.confidence_head(hidden[:, j], feats).float()
         confs.append(torch.sigmoid(raw / temps[j]) if temps else torch.sigmoid(raw))
-    return torch.stack(tokens, 1).numpy(), torch.stack(confs, 1).numpy()
+    return torch.stack(tokens, 1).numpy(), torch.stack(confs, 1).numpy(), None if logp is None else logp.numpy()
 
 
 def disagreements(data: list[dict], k: int) -> dict[str, float]:
@@ -124,14 +145,16 @@ def disagreements(data: list[dict], k: int) -> dict[str, float]:
             "lookup_estimate": l_est / dis_, "drafter_confidence": d_conf / dis_}
 
 
-def lookup_steps(drafts: Drafts, prompt: list[int], gen: list[int]) -> tuple[list[int], list[float]]:
-    """The lookup's pick and its calibrated estimate at every position of the continuation (-1 / 0: none)."""
-    toks, ests = [], []
+def lookup_steps(drafts: Drafts, prompt: list[int], gen: list[int]) -> tuple[list[int], list[float], list[int]]:
+    """The lookup's pick and its calibrated estimate at every position of the continuation (-1 / 0: none), and the
+    other source's differing candidate there (-1: none)."""
+    toks, ests, others = [], [], []
     for q in range(len(gen)):
-        pick, _ = drafts.step(prompt + gen[:q])
+        pick, other = drafts.step(prompt + gen[:q])
         toks.append(-1 if pick is None else pick[0])
         ests.append(0.0 if pick is None else float(pick[1]))
-    return toks, ests
+        others.append(-1 if other is None else other[0])
+    return toks, ests, others
 
 
 def lead(ok: list[bool]) -> int:
@@ -153,9 +176,11 @@ def best_length(survival: list[float], costs: list[float]) -> int:
     return best
 
 
-def replay(gen, l_tok, l_est, d_tok, d_conf, n: int, costs: list[float] | None, table: np.ndarray) -> dict[str, float]:
+def replay(gen, l_tok, l_est, d_tok, d_conf, n: int, costs: list[float] | None, table: np.ndarray,
+           l_other: list[int] | None = None, logp: np.ndarray | None = None) -> dict[str, float]:
     """Tau per method for one continuation at N drafts per round (and `*_scheduled` with `costs`); `table` is
-    `fit_choice`'s, fit on other continuations."""
+    `fit_choice`'s, fit on other continuations; `l_other` / `logp` (`lookup_steps`' other candidates, and
+    `drafter_blocks`' log-probabilities of [pick, other]) give `lookup_by_drafter` (the lookup alone without them)."""
     k = d_tok.shape[1]
     out = {}
     names = list(METHODS) + (["round_pick_scheduled", "splice_fit_scheduled"] if costs else [])
@@ -172,6 +197,14 @@ def replay(gen, l_tok, l_est, d_tok, d_conf, n: int, costs: list[float] | None, 
             base = m.removesuffix("_scheduled")
             if base == "lookup":
                 a = lead(lk)
+            elif base == "lookup_by_drafter":  # where the lookup's sources disagree, the drafter's likelier token
+                ok = []
+                for j in range(depth):
+                    q = t + j
+                    other = -1 if l_other is None or j >= k else l_other[q]
+                    take_other = other >= 0 and logp[t, j, 1] > logp[t, j, 0]
+                    ok.append((other if take_other else l_tok[q]) == truth[j])
+                a = lead(ok)
             elif base == "drafter":
                 a = lead(dk)
             elif base == "round_pick":
@@ -232,9 +265,10 @@ def main(argv: list[str] | None = None) -> dict:
     data = []
     for i, ref in enumerate(refs):
         prompt, gen = ref["prompt"], ref["gen"]
-        d_tok, d_conf = drafter_blocks(drafter, features, prompt, gen)
-        l_tok, l_est = lookup_steps(drafts, prompt, gen)
-        data.append({"gen": gen, "d_tok": d_tok, "d_conf": d_conf, "l_tok": l_tok, "l_est": l_est})
+        l_tok, l_est, l_other = lookup_steps(drafts, prompt, gen)
+        d_tok, d_conf, logp = drafter_blocks(drafter, features, prompt, gen, [list(x) for x in zip(l_tok, l_other)])
+        data.append({"gen": gen, "d_tok": d_tok, "d_conf": d_conf, "l_tok": l_tok, "l_est": l_est,
+                     "l_other": l_other, "logp": logp})
         print(f"[{i + 1}/{len(refs)}] {ref['set']} {ref['id']}", file=sys.stderr, flush=True)
     k = drafter.config.block_size
     tables = [fit_choice(data[1::2], k), fit_choice(data[0::2], k)]  # two folds: each continuation's rule from the others
@@ -247,7 +281,8 @@ def main(argv: list[str] | None = None) -> dict:
             first_hits["either"] += lh or dh
             first_hits["positions"] += 1
         for n in args.budgets:
-            for m, v in replay(gen, l_tok, l_est, d_tok, d_conf, n, costs, tables[i % 2]).items():
+            for m, v in replay(gen, l_tok, l_est, d_tok, d_conf, n, costs, tables[i % 2], d["l_other"],
+                               d["logp"]).items():
                 per.setdefault(ref["set"], {}).setdefault(f"{m}@{n}", []).append(v)
     tau = {s: {m: float(np.mean(v)) for m, v in d.items()} for s, d in per.items()}
     cols = list(next(iter(tau.values())))

@@ -443,3 +443,21 @@ def test_training_with_a_reduced_vocabulary(tmp_path):
     # a size >= V means the full vocabulary
     full = build_drafter(DSparkTrainingConfig(draft_vocab_size=500, draft_candidates=None), target, examples)
     assert full.d2t is None
+
+
+def test_draft_candidates_zero_scores_the_whole_vocabulary_even_when_the_config_restricts(target):
+    """`draft(candidates=0)` overrides `config.draft_candidates`: every token gets a finite logit and the Markov bias of
+    its own W2 row (it used to fall back to the config's top-M in the sequential loop)."""
+    drafter = make_drafter(target, block_size=4, draft_candidates=8)
+    ids = torch.randint(1, 96, (1, 12), generator=torch.Generator().manual_seed(3))
+    restricted = cached_draft(drafter, target, ids, 9)
+    full = cached_draft(drafter, target, ids, 9, candidates=0)
+    assert restricted.sparse_logits is not None and torch.isfinite(restricted.logits).sum(-1).max() == 8
+    assert full.sparse_logits is None and torch.isfinite(full.logits).all()
+    cache = drafter.new_cache()
+    drafter.append_context(cache, drafter.context_features(target_hidden(target, ids))[:, :9], torch.arange(9)[None])
+    with torch.no_grad():
+        hidden = drafter.draft_slots(drafter.block_states(cache, ids[:, 9]))
+        first = drafter.draft_logits(hidden[:, :1])[:, 0] + drafter.markov_head.project(
+            drafter.markov_head.step(drafter.to_draft_inputs(ids[:, 9]), hidden[:, 0], None)[0]).float()
+    assert torch.allclose(full.logits[:, 0].float(), first, atol=1e-5)

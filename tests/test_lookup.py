@@ -1103,8 +1103,14 @@ def test_sim_drafter_lookup_replays_each_rule_by_hand():
     d_conf = np.full((8, 3), 0.5)
     lookup_first = np.ones((5, 5), dtype=bool)
     tau = script.replay(gen, l_tok, l_est, d_tok, d_conf, 3, None, lookup_first)
-    assert tau == pytest.approx({"lookup": 8 / 3, "drafter": 8 / 3, "round_pick": 8 / 3, "splice": 4.0,
-                                 "splice_fit": 8 / 3, "oracle_round": 8 / 3, "oracle_splice": 4.0})
+    assert tau == pytest.approx({"lookup": 8 / 3, "drafter": 8 / 3, "lookup_by_drafter": 8 / 3, "round_pick": 8 / 3,
+                                 "splice": 4.0, "splice_fit": 8 / 3, "oracle_round": 8 / 3, "oracle_splice": 4.0})
+    # the lookup's other source drafted 2 at position 1, and the drafter likes it better there (only there)
+    l_other = [-1, 2, -1, -1, -1, -1, -1, -1]
+    logp = np.full((8, 3, 2), -1.0)
+    logp[0, 1], logp[1, 0] = [-3.0, -0.5], [-3.0, -0.5]
+    arbitrated = script.replay(gen, l_tok, l_est, d_tok, d_conf, 3, None, lookup_first, l_other, logp)
+    assert arbitrated["lookup_by_drafter"] == 4.0 and arbitrated["lookup"] == 8 / 3
     drafter_first = script.replay(gen, l_tok, l_est, d_tok, d_conf, 3, None, ~lookup_first)
     assert drafter_first["splice_fit"] == pytest.approx(8 / 3)  # right at 1, wrong at 2: the drafter's chain
     flat = script.replay(gen, l_tok, l_est, d_tok, d_conf, 3, [1.0] * 4, lookup_first)
@@ -1132,8 +1138,13 @@ def test_sim_drafter_lookup_drafts_the_block_draft_drafts():
     ids = torch.tensor([prompt])
     own = cached_draft(drafter, target, ids, len(prompt) - 1)
     gen = own.tokens[0].tolist() + [11, 12, 13]
-    tokens, conf = script.drafter_blocks(drafter, features, prompt, gen)
-    assert tokens.shape == (len(gen), 4)
+    scored = [[g, -1] for g in gen]  # each position's recorded token, and no second one
+    tokens, conf, logp = script.drafter_blocks(drafter, features, prompt, gen, scored)
+    assert tokens.shape == (len(gen), 4) and logp.shape == (len(gen), 4, 2)
+    assert np.isneginf(logp[..., 1]).all() and np.isneginf(logp[len(gen) - 1, 1:, 0]).all()  # past the end too
+    full = cached_draft(drafter, target, ids, len(prompt) - 1, candidates=0)  # the whole vocabulary's logits
+    expected = torch.log_softmax(full.logits[0].float(), -1)[torch.arange(4), torch.tensor(gen[:4])]
+    assert np.allclose(logp[0, :, 0], expected.numpy(), atol=1e-4)
     assert tokens[0].tolist() == own.tokens[0].tolist()
     assert np.allclose(conf[0], own.confidences[0].numpy(), atol=1e-5)
     full = torch.tensor([prompt + gen])

@@ -970,9 +970,10 @@ class DSparkDrafter(DSparkPreTrainedModel):
         hidden = self.draft_slots(self.block_states(cache, anchor_ids, anchor_positions))  # [B, K, d]
         base_logits = self.draft_logits(hidden[:, :num_drafts])  # [B, K, Vd] float32
         prepared = self.prepare_candidates(base_logits, candidates)
-        return self.sample_block(
+        return self.sample_block(  # (`candidates` too: a `prepared` of None means "the whole vocabulary" only with it)
             hidden[:, :num_drafts], base_logits, anchor_ids, do_sample=do_sample, sampling=sampling,
-            logits_processor=logits_processor, prefix_ids=prefix_ids, generator=generator, prepared=prepared,
+            logits_processor=logits_processor, prefix_ids=prefix_ids, generator=generator, candidates=candidates,
+            prepared=prepared,
         )
 
     def prepare_candidates(
