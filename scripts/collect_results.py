@@ -501,6 +501,17 @@ SECTIONS = [
      "Those two final drafters on all 96 held-out prompts, per source family",
      "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_spread "
      "HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_spread.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("training_smollm2_dspark_r128_vs_dflash/training.md",
+     "The same pair with the DSpark run's Markov head at rank 128 instead of 256 (a cheaper step), against a fresh "
+     "DFlash baseline trained beside it: DSpark tau at an equal budget, in steps and in CPU hours",
+     "RUNS=/work/runs STEPS=1200 EVERY=300 TAG=-r128 DSPARK_ARGS=markov_rank=128 "
+     "OUT=results/training_smollm2_dspark_r128_vs_dflash HELDOUT=results/heldout_tau/smollm2_dspark_r128_vs_dflash.json "
+     "bash scripts/train_dspark_vs_dflash.sh"),
+    ("heldout_tau/smollm2_dspark_r128_vs_dflash.md",
+     "Those two final drafters on all 96 held-out prompts, per source family",
+     "RUNS=/work/runs STEPS=1200 EVERY=300 TAG=-r128 DSPARK_ARGS=markov_rank=128 "
+     "OUT=results/training_smollm2_dspark_r128_vs_dflash HELDOUT=results/heldout_tau/smollm2_dspark_r128_vs_dflash.json "
+     "bash scripts/train_dspark_vs_dflash.sh"),
     ("training_smollm2_dspark_2560_warm/training.md",
      "The 1,200-step DSpark drafter trained on, on 2.5x the examples (2,560) for another 1,200 steps",
      "RUNS=/work/runs bash scripts/train_warm_more_data.sh; dspark-hf training-report "
