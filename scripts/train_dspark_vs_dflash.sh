@@ -10,7 +10,8 @@
 #   RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_1200 \
 #       HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_1200.json bash scripts/train_dspark_vs_dflash.sh
 #   RUNS=/work/runs STEPS=1200 EVERY=300 TAG=-r128 DSPARK_ARGS="markov_rank=128" OUT=... HELDOUT=... bash ...
-#       (TAG names both runs' folders; DSPARK_ARGS are key=value settings for the DSpark run only)
+#       (TAG names both runs' folders; DSPARK_ARGS are key=value settings for the DSpark run only, ARGS for both,
+#       e.g. ARGS=seed=1 TAG=-s1 for a second seed)
 # fp32: on CPUs without AVX-512 BF16 / AMX bf16 autocast is 5-7x slower (results/cpu_bf16); MIXED=bf16 elsewhere.
 # Resumable (re-running continues each run from its newest checkpoint; the feature cache is shared and kept).
 set -euo pipefail
@@ -27,6 +28,7 @@ OUT=${OUT:-results/training_smollm2_dspark_vs_dflash}
 HELDOUT=${HELDOUT:-results/heldout_tau/smollm2_dspark_vs_dflash.json}
 TAG=${TAG:-}
 read -r -a dspark_args <<< "${DSPARK_ARGS:-}"
+read -r -a both_args <<< "${ARGS:-}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 common=(--config examples/configs/smollm2-135m-dspark-long.yaml "feature_cache=$RUNS/features/smollm2-135m-bf16"
         feature_cache_dtype=bfloat16 "max_examples=$EXAMPLES" "max_steps=$STEPS" "eval_every=$EVERY" save_every=100
@@ -35,8 +37,8 @@ mkdir -p "$RUNS"
 # the feature cache once (both runs read it), then the two runs in parallel
 dspark-hf train "${common[@]}" "output_dir=$RUNS/dspark-vs-dflash-cache" stop_at_step=1 > "$RUNS/dspark-vs-dflash-cache.log" 2>&1
 for variant in dspark dflash; do
-  extra=()
-  [ "$variant" = dspark ] && extra=("${dspark_args[@]}")
+  extra=("${both_args[@]}")
+  [ "$variant" = dspark ] && extra+=("${dspark_args[@]}")
   dspark-hf train "${common[@]}" "variant=$variant" "${extra[@]}" "output_dir=$RUNS/$variant$TAG-$EXAMPLES-$STEPS" \
       > "$RUNS/$variant$TAG-$EXAMPLES-$STEPS.log" 2>&1 &
 done
