@@ -501,6 +501,17 @@ SECTIONS = [
      "Those two final drafters on all 96 held-out prompts, per source family",
      "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 OUT=results/training_smollm2_dspark_vs_dflash_spread "
      "HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_spread.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("training_smollm2_dspark_vs_dflash_seed1/training.md",
+     "The DSpark / DFlash pair of 1,200 steps again with seed 1 (other initial weights, anchors and batch order; the "
+     "same examples): how much of the 1.15x is the seed",
+     "RUNS=/work/runs STEPS=1200 EVERY=300 TAG=-s1 ARGS=seed=1 "
+     "OUT=results/training_smollm2_dspark_vs_dflash_seed1 HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_seed1.json "
+     "bash scripts/train_dspark_vs_dflash.sh"),
+    ("heldout_tau/smollm2_dspark_vs_dflash_seed1.md",
+     "Those two final drafters on all 96 held-out prompts, per source family",
+     "RUNS=/work/runs STEPS=1200 EVERY=300 TAG=-s1 ARGS=seed=1 "
+     "OUT=results/training_smollm2_dspark_vs_dflash_seed1 HELDOUT=results/heldout_tau/smollm2_dspark_vs_dflash_seed1.json "
+     "bash scripts/train_dspark_vs_dflash.sh"),
     ("training_smollm2_dspark_r128_vs_dflash/training.md",
      "The same pair with the DSpark run's Markov head at rank 128 instead of 256 (a cheaper step), against a fresh "
      "DFlash baseline trained beside it: DSpark tau at an equal budget, in steps and in CPU hours",
