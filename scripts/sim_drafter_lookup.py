@@ -26,8 +26,8 @@ function of the recorded prefix. Per round (N drafts verified, all methods alike
 * `oracle_splice`: a depth counts if either source drafted the recorded token (the most any per-depth choice can get).
 
 Tau is new tokens per round (accepted drafts + the target's own token). `--scheduled` adds, for `round_pick` and
-`splice`, the length chosen on the target's cost curve measured in the same run (expected tokens per second of
-`AssistOptions._best_length`), from estimates along the recorded prefix (past the first rejected draft they are those
+`splice`, the length chosen on the target's cost curve measured in the same run (`AssistOptions._best_length`,
+the batch-1 loop's rule: expected tokens per second), from estimates along the recorded prefix (past the first rejected draft they are those
 of the recorded tokens, not of the drafts: an approximation that touches only how many drafts are verified).
 """
 
@@ -45,6 +45,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sim_lookup_trees import SETS, Drafts, cost_curve, record  # noqa: E402
 
 from dspark_hf import DSparkDrafter  # noqa: E402
+from dspark_hf.models.candidate_generator import AssistOptions  # noqa: E402
 from dspark_hf.provenance import atomic_write_json, atomic_write_text, provenance  # noqa: E402
 from dspark_hf.testbed.release import load_release_drafter, resolve_lookup  # noqa: E402
 from dspark_hf.testbed.targets import load_target  # noqa: E402
@@ -166,16 +167,6 @@ def lead(ok: list[bool]) -> int:
     return n
 
 
-def best_length(survival: list[float], costs: list[float]) -> int:
-    """`AssistOptions._best_length` (exhaustive): the length maximising (1 + sum of survival) / seconds."""
-    best, best_theta, tau = 0, 1.0 / costs[0], 1.0
-    for j, a in enumerate(survival, start=1):
-        tau += a
-        if tau / costs[j] > best_theta:
-            best, best_theta = j, tau / costs[j]
-    return best
-
-
 def replay(gen, l_tok, l_est, d_tok, d_conf, n: int, costs: list[float] | None, table: np.ndarray,
            l_other: list[int] | None = None, logp: np.ndarray | None = None) -> dict[str, float]:
     """Tau per method for one continuation at N drafts per round (and `*_scheduled` with `costs`); `table` is
@@ -183,6 +174,8 @@ def replay(gen, l_tok, l_est, d_tok, d_conf, n: int, costs: list[float] | None, 
     `drafter_blocks`' log-probabilities of [pick, other]) give `lookup_by_drafter` (the lookup alone without them)."""
     k = d_tok.shape[1]
     out = {}
+    # the batch-1 loop's own length rule: (1 + sum of survival) / seconds, maximised over the whole curve
+    lengths = None if costs is None else AssistOptions(sps=lambda width: 1.0 / costs[width - 1])
     names = list(METHODS) + (["round_pick_scheduled", "splice_fit_scheduled"] if costs else [])
     for m in names:
         t = rounds = 0
@@ -210,7 +203,7 @@ def replay(gen, l_tok, l_est, d_tok, d_conf, n: int, costs: list[float] | None, 
             elif base == "round_pick":
                 use_lookup = sum(ls) > sum(ds)
                 ok, surv = (lk, ls) if use_lookup else (dk, ds)
-                a = lead(ok[:best_length(surv, costs)] if m.endswith("_scheduled") else ok)
+                a = lead(ok[:lengths._best_length(surv, exhaustive=True)] if m.endswith("_scheduled") else ok)
             elif base in ("splice", "splice_fit"):
                 if base == "splice":  # the lookup's token where its estimate is higher
                     choose = [le[j] > de[j] for j in range(depth)]
@@ -219,7 +212,7 @@ def replay(gen, l_tok, l_est, d_tok, d_conf, n: int, costs: list[float] | None, 
                         table[np.digitize(le[j], BINS), np.digitize(de[j], BINS)])) for j in range(depth)]
                 ok = [lk[j] if choose[j] else dk[j] for j in range(depth)]
                 surv = np.cumprod([le[j] if choose[j] else de[j] for j in range(depth)]).tolist()
-                a = lead(ok[:best_length(surv, costs)] if m.endswith("_scheduled") else ok)
+                a = lead(ok[:lengths._best_length(surv, exhaustive=True)] if m.endswith("_scheduled") else ok)
             elif base == "oracle_round":
                 a = max(lead(lk), lead(dk))
             else:
