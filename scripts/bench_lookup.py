@@ -13,8 +13,8 @@ Methods (`packed` = `dspark_hf.prepack_linears` applied to a copy of the target)
   target-only         the target's own greedy decoding (the baseline of every ratio)
   target-only/packed  the same on the packed copy
   prompt-lookup       transformers' prompt lookup (prompt_lookup_num_tokens=10), unpacked / packed
-  (the dspark methods need the target's release drafter; pass --methods without them for other targets)
-  dspark              the release drafter, whole block every round (as `generate(assistant_model=drafter)`), packed
+  (the dspark methods run `--drafter`, by default the target's release drafter)
+  dspark              the drafter, whole block every round (as `generate(assistant_model=drafter)`), packed
   dspark+sps          the drafter, Algorithm 1 on its confidences and the measured cost curve (none verified when
                       nothing pays), packed
   lookup              n-gram lookup drafts only (`assistant_model=LookupAssistant(lookup, target, sps=...)`), packed
@@ -67,6 +67,10 @@ def main() -> None:
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--methods", nargs="+", default=ALL_METHODS, choices=ALL_METHODS)
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--drafter", help="drafter folder for the dspark methods (default: the target's release drafter)")
+    p.add_argument("--gqa-attention", action="store_true",
+                   help="run the packed copy with dspark_hf.use_gqa_attention (every packed method, target-only/packed "
+                        "included)")
     p.add_argument("--draft-head-dtype", default="int8")
     p.add_argument("--out", default="results/lookup_smollm2")
     p.add_argument("--replot", action="store_true", help="only re-render results.md / speedup.png from results.json")
@@ -81,10 +85,15 @@ def main() -> None:
     target, tok = load_target(args.target)
     packed = copy.deepcopy(target)
     swapped = prepack_linears(packed)
+    if args.gqa_attention:
+        dspark_hf.use_gqa_attention(packed)
     methods = [m for m in ALL_METHODS if m in args.methods]
     drafter = None
     if any(m in DRAFTER_METHODS for m in methods):
-        drafter = load_release_drafter(args.target, packed)  # (raises for a target without a release drafter)
+        if args.drafter:
+            drafter = dspark_hf.DSparkDrafter.from_pretrained(args.drafter, target=packed)
+        else:
+            drafter = load_release_drafter(args.target, packed)  # (raises for a target without a release drafter)
         drafter.set_draft_head_dtype(args.draft_head_dtype)
     lookup_path = Path(args.lookup)
     if not lookup_path.is_file():
@@ -192,7 +201,8 @@ def main() -> None:
 
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    prov = provenance(threads=args.threads, prepacked_linears=swapped, lookup=str(lookup_path),
+    prov = provenance(threads=args.threads, prepacked_linears=swapped, gqa_attention=args.gqa_attention,
+                      drafter=args.drafter or ("release" if drafter is not None else None), lookup=str(lookup_path),
                       lookup_ngrams=len(lookup), lookup_meta=lookup.meta)
     data = {"provenance": prov, "settings": vars(args), "cost_curve_s": curve, "rows": rows}
     atomic_write_json(out / "results.json", data)
@@ -213,7 +223,9 @@ def write_report(data: dict, out: Path) -> str:
              f"`{prov['git_commit']}`. Target {settings['target']}, {settings['prompts']} prompts per set, "
              f"{settings['max_new_tokens']} new tokens. Lookup table `{prov.get('lookup')}`: "
              f"{prov.get('lookup_ngrams', 0):,} n-grams from {meta.get('sequences')} examples "
-             f"({meta.get('answer_tokens')} answer tokens). Packed: {prov.get('prepacked_linears')} linears.", "",
+             f"({meta.get('answer_tokens')} answer tokens). Packed: {prov.get('prepacked_linears')} linears"
+             + (", with GQA attention without repeat_kv copies" if prov.get("gqa_attention") else "") + "."
+             + (f" Drafter: `{prov['drafter']}`." if prov.get("drafter") else ""), "",
              "Batch-1 cost curve of the packed target, profiled in the run (seconds per forward of B new tokens, "
              "relative to B = 1): " + ", ".join(f"B={b}: {s / base:.2f}x" for b, s in curve.items()) + ".", "",
              "| method | " + " | ".join(sets) + " | geo-mean speedup | macro tau |",
