@@ -234,9 +234,11 @@ SECTIONS = [
     ("compare_qwen2.5-coder-0.5b/compare.md",
      "Qwen2.5-Coder-0.5B-Instruct at batch 1: target-only vs prompt lookup vs a CPU-trained DSpark drafter "
      "(issue 14 part 5)",
-     "dspark-hf train --config examples/configs/qwen2.5-coder-0.5b-dspark-cpu.yaml stop_at_step=100 && dspark-hf "
-     "compare --target "
-     "qwen2.5-coder-0.5b-instruct --drafter dspark=/work/runs/qwen2.5-coder-0.5b-dspark-cpu/final --limit 4 "
+     "dspark-hf train --config examples/configs/qwen2.5-coder-0.5b-dspark-cpu.yaml max_examples=1024 "
+     "feature_cache_dtype=float32 feature_cache=/work/runs/features/qwen2.5-coder-0.5b-f32 max_steps=200 "
+     "time_budget_seconds=null eval_every=100 stop_at_step=100 output_dir=/work/runs/qwen2.5-coder-0.5b-dspark-cpu-100 "
+     "&& dspark-hf compare --target "
+     "qwen2.5-coder-0.5b-instruct --drafter dspark=/work/runs/qwen2.5-coder-0.5b-dspark-cpu-100/final --limit 4 "
      "--speed-prompts 2 --max-new-tokens 64 --draft-head-dtype int8 --out results/compare_qwen2.5-coder-0.5b"),
     ("tree/batch1_prepacked.md", "Trees vs the chain at batch 1 on a prepacked target, policy fixed (issue 13)",
      "python scripts/bench_tree.py batch1 --sets humaneval mt_bench math500 gsm_symbolic --prompts 2 "
