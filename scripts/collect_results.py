@@ -13,6 +13,18 @@ from dspark_hf.provenance import atomic_write_text
 
 LEASE = ("bash scripts/gpu_wheels.sh .whl && python scripts/gpu_train_drafters.py prepare --target smollm2-135m-instruct --out .gpu --part-mb 39.5, then the two lease calls in the docstring of scripts/gpu_train_drafters.py (call 2: `PYTHONPATH=/tmp/site:src python3 scripts/gpu_train_drafters.py run --manifest .gpu/manifest.json --parts /tmp/dspark-parts .gpu --runs dspark,dflash,dspark-2l --budget 490 --hard-stop 568 --out $OUT --work /tmp/dspark-work --threads 4`), then python scripts/gpu_train_drafters.py unpack --files <returned files> --dest /work/runs/gpu-drafters")
 
+QWEN_CPU_TRAIN = ("dspark-hf fetch-target qwen2.5-coder-0.5b-instruct && dspark-hf train --config "
+                  "examples/configs/qwen2.5-coder-0.5b-dspark-cpu.yaml")
+QWEN_CPU_CALIBRATE = ("OMP_NUM_THREADS=1 dspark-hf calibrate --drafter /work/runs/qwen2.5-coder-0.5b-dspark-cpu/final "
+                      "--target qwen2.5-coder-0.5b-instruct --prompts data/heldout_prompts.jsonl --limit 48 "
+                      "--fit-fraction 0.5 --max-new-tokens 64 --batch-size 8 --out "
+                      "/work/runs/qwen2.5-coder-0.5b-dspark-cpu/calibrated --report-dir "
+                      "results/calibration_qwen2.5-coder-0.5b_cpu")
+QWEN_CPU_BENCH = ("python scripts/bench_lookup.py --target qwen2.5-coder-0.5b-instruct --drafter "
+                  "/work/runs/qwen2.5-coder-0.5b-dspark-cpu/calibrated --gqa-attention --methods target-only/packed "
+                  "prompt-lookup/packed dspark dspark+sps lookup lookup+dspark --prompts 4 --max-new-tokens 64 "
+                  "--out results/lookup_qwen2.5-coder-0.5b_drafter")
+
 SECTIONS = [
     ("head_cost/head_cost.md", "Sequential head vs parallel forward (issue: foundation)",
      "dspark-hf bench-head --repeats 30 --candidates 0 64 256 --out results/head_cost"),
@@ -881,6 +893,19 @@ SECTIONS = [
      "release=src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --limit 8 --max-new-tokens 64 "
      "--speed-prompts 2 --prepack --gqa-attention --lookup release --lookup-branches 8 "
      "--out results/compare_smollm2_branches_gate"),
+    ("training_qwen2.5-coder-0.5b_cpu/training.md",
+     "A DSpark drafter for Qwen2.5-Coder-0.5B-Instruct trained on the CPU: 2,016 answers, 65-minute time budget, "
+     "held-out tau along the way (issue 14 part 5)",
+     QWEN_CPU_TRAIN + " && dspark-hf training-report --run dspark=/work/runs/qwen2.5-coder-0.5b-dspark-cpu "
+     "--out results/training_qwen2.5-coder-0.5b_cpu"),
+    ("calibration_qwen2.5-coder-0.5b_cpu/calibration.md",
+     "STS calibration of that Qwen2.5-Coder-0.5B drafter (fit on half of 48 held-out prompts, measured on the other "
+     "half)",
+     QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE),
+    ("lookup_qwen2.5-coder-0.5b_drafter/results.md",
+     "Qwen2.5-Coder-0.5B-Instruct at batch 1: the CPU-trained DSpark drafter beside target-only, prompt lookup and "
+     "n-gram lookup drafts, prepacked target with GQA attention (issue 14 part 5)",
+     QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE + " && " + QWEN_CPU_BENCH),
 ]
 
 
