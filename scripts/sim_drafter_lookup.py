@@ -26,9 +26,10 @@ function of the recorded prefix. Per round (N drafts verified, all methods alike
 * `oracle_splice`: a depth counts if either source drafted the recorded token (the most any per-depth choice can get).
 
 Tau is new tokens per round (accepted drafts + the target's own token). `--scheduled` adds, for `round_pick` and
-`splice`, the length chosen on the target's cost curve measured in the same run (`AssistOptions._best_length`,
-the batch-1 loop's rule: expected tokens per second), from estimates along the recorded prefix (past the first rejected draft they are those
-of the recorded tokens, not of the drafts: an approximation that touches only how many drafts are verified).
+`splice`, the length chosen on the target's cost curve measured in the same run (`AssistOptions._best_length`, the
+batch-1 loop's rule: expected tokens per second), from estimates along the recorded prefix (past the first rejected
+draft they are those of the recorded tokens, not of the drafts: an approximation that touches only how many drafts
+are verified).
 """
 
 from __future__ import annotations
