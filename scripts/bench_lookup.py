@@ -16,7 +16,11 @@ Methods (`packed` = `dspark_hf.prepack_linears` applied to a copy of the target)
   (the dspark methods run `--drafter`, by default the target's release drafter)
   dspark              the drafter, whole block every round (as `generate(assistant_model=drafter)`), packed
   dspark+sps          the drafter, Algorithm 1 on its confidences and the measured cost curve (none verified when
-                      nothing pays), packed
+                      nothing pays; after rounds that verified nothing the drafter skips a few rounds), packed
+  dspark/realized     `dspark` with the realized gate (`set_assist(realized_gate=True)`: the drafter runs while its
+                      rounds emit tokens at least as fast as plain steps, both timed in the call), packed
+  dspark+sps/no-backoff, dspark+sps/realized
+                      `dspark+sps` without the backoff, and without it but with the realized gate instead, packed
   lookup              n-gram lookup drafts only (`assistant_model=LookupAssistant(lookup, target, sps=...)`), packed
   lookup+dspark       lookup drafts first, the drafter where they do not pay, packed
   lookup/uncalibrated `lookup` without the online correction of its estimates (`online_calibration=False`), packed
@@ -49,9 +53,11 @@ from dspark_hf.testbed.release import load_release_drafter
 from dspark_hf.testbed.targets import load_target
 from dspark_hf.training.data import chat_prompt_ids
 
-ALL_METHODS = ["target-only/packed", "prompt-lookup", "prompt-lookup/packed", "dspark", "dspark+sps", "lookup",
+ALL_METHODS = ["target-only/packed", "prompt-lookup", "prompt-lookup/packed", "dspark", "dspark+sps", "dspark/realized",
+               "dspark+sps/no-backoff", "dspark+sps/realized", "lookup",
                "lookup+dspark", "lookup/all-packed", "lookup/uncalibrated", "target-only/auto-rows", "lookup/auto-rows"]
-DRAFTER_METHODS = ("dspark", "dspark+sps", "lookup+dspark")
+DRAFTER_METHODS = ("dspark", "dspark+sps", "dspark/realized", "dspark+sps/no-backoff", "dspark+sps/realized",
+                   "lookup+dspark")
 DEFAULT_DATA = {"smollm2-135m-instruct": "data/smollm2-135m-12k,data/smollm2-135m",
                 "qwen2.5-coder-0.5b-instruct": "data/qwen2.5-coder-0.5b"}
 
@@ -138,6 +144,9 @@ def main() -> None:
         "prompt-lookup/packed": gen(packed, prompt_lookup_num_tokens=10),
         "dspark": assisted(),
         "dspark+sps": assisted(sps=sps),
+        "dspark/realized": assisted(realized_gate=True),
+        "dspark+sps/no-backoff": assisted(sps=sps, drafter_backoff=False),
+        "dspark+sps/realized": assisted(sps=sps, realized_gate=True, drafter_backoff=False),
         "lookup": gen(packed, assistant_model=dspark_hf.LookupAssistant(lookup, packed, sps=sps)),
         "lookup+dspark": assisted(lookup=lookup, sps=sps),
     }

@@ -343,8 +343,8 @@ def test_drafter_backs_off_while_its_rounds_verify_nothing():
     ref = greedy_continuation(target, ids, 40)
     for backoff, most in [(False, None), (True, 12)]:
         calls.clear()
-        drafter.set_assist(sps=prohibitive)
-        drafter.assist_options.drafter_backoff = backoff
+        drafter.set_assist(sps=prohibitive, drafter_backoff=backoff)
+        assert drafter.assist_options.drafter_backoff is backoff
         out = target.generate(ids, assistant_model=drafter, max_new_tokens=40, do_sample=False)
         assert torch.equal(out[:, ids.shape[1]:], ref)
         steps = drafter.last_speculation_stats.plain_steps

@@ -701,7 +701,8 @@ class DSparkDrafter(DSparkPreTrainedModel):
         return nn.functional.linear(hidden.to(weight.dtype), weight, bias)
 
     def set_assist(self, lookup: Any = None, *, sps: Any = None, use_drafter: bool = True,
-                   lookup_max_tokens: int = 16, min_survival: float = 0.3, realized_gate: bool = False) -> None:
+                   lookup_max_tokens: int = 16, min_survival: float = 0.3, realized_gate: bool = False,
+                   drafter_backoff: bool = True) -> None:
         """How `target.generate(..., assistant_model=self)` (batch size 1) picks each round's drafts; a runtime option
         (never saved). `set_assist()` restores the default (the whole block every round).
 
@@ -717,16 +718,18 @@ class DSparkDrafter(DSparkPreTrainedModel):
                 least this.
             realized_gate: run the drafter only while its rounds emit tokens at least as fast as plain steps, both
                 timed in this call (`AssistOptions.realized_gate`).
+            drafter_backoff: with `sps`, skip the drafter for a few rounds after rounds whose schedule verified
+                nothing (`AssistOptions.drafter_backoff`).
         Lossless either way (see `models/lookup.py` and `candidate_generator.AssistOptions`).
         """
         from .candidate_generator import AssistOptions
 
-        if lookup is None and sps is None and use_drafter and not realized_gate:
+        if lookup is None and sps is None and use_drafter and not realized_gate:  # (backoff needs sps)
             self.assist_options = None
             return
         self.assist_options = AssistOptions(lookup=lookup, lookup_max_tokens=lookup_max_tokens,
                                             use_drafter=use_drafter, sps=sps, min_survival=min_survival,
-                                            realized_gate=realized_gate)
+                                            realized_gate=realized_gate, drafter_backoff=drafter_backoff)
 
     @property
     def draft_head_dtype(self) -> torch.dtype | None:
