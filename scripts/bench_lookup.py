@@ -14,6 +14,7 @@ Methods (`packed` = `dspark_hf.prepack_linears` applied to a copy of the target)
   target-only/packed  the same on the packed copy
   prompt-lookup       transformers' prompt lookup (prompt_lookup_num_tokens=10), unpacked / packed
   (the dspark methods run `--drafter`, by default the target's release drafter)
+  dspark[LABEL]       `--compare-drafter LABEL=FOLDER`: a second drafter, whole block every round, packed
   dspark              the drafter, whole block every round (as `generate(assistant_model=drafter)`), packed
   dspark+sps          the drafter, Algorithm 1 on its confidences and the measured cost curve (none verified when
                       nothing pays; after rounds that verified nothing the drafter skips a few rounds), packed
@@ -74,6 +75,9 @@ def main() -> None:
     p.add_argument("--methods", nargs="+", default=ALL_METHODS, choices=ALL_METHODS)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--drafter", help="drafter folder for the dspark methods (default: the target's release drafter)")
+    p.add_argument("--compare-drafter", metavar="LABEL=FOLDER",
+                   help="a second drafter, run whole-block as method dspark[LABEL] next to --drafter's methods (e.g. "
+                        "the drafter a fine-tune started from)")
     p.add_argument("--gqa-attention", action="store_true",
                    help="run the packed copy with dspark_hf.use_gqa_attention (every packed method, target-only/packed "
                         "included)")
@@ -84,6 +88,8 @@ def main() -> None:
     if args.replot:
         print(write_report(json.loads((Path(args.out) / "results.json").read_text()), Path(args.out)))
         return
+    if args.compare_drafter and "=" not in args.compare_drafter:
+        p.error(f"--compare-drafter wants LABEL=FOLDER, got {args.compare_drafter!r}")
     args.data = args.data or DEFAULT_DATA.get(args.target)
     args.lookup = args.lookup or f"outputs/lookup/{Path(args.target).name}.safetensors"
     torch.set_num_threads(args.threads)
@@ -101,6 +107,12 @@ def main() -> None:
         else:
             drafter = load_release_drafter(args.target, packed)  # (raises for a target without a release drafter)
         drafter.set_draft_head_dtype(args.draft_head_dtype)
+    other = None
+    if args.compare_drafter:
+        label, folder = args.compare_drafter.split("=", 1)
+        other = dspark_hf.DSparkDrafter.from_pretrained(folder, target=packed)
+        other.set_draft_head_dtype(args.draft_head_dtype)
+        methods.insert(methods.index("dspark") if "dspark" in methods else 0, f"dspark[{label}]")
     lookup_path = Path(args.lookup)
     if not lookup_path.is_file():
         if not args.data:
@@ -150,6 +162,8 @@ def main() -> None:
         "lookup": gen(packed, assistant_model=dspark_hf.LookupAssistant(lookup, packed, sps=sps)),
         "lookup+dspark": assisted(lookup=lookup, sps=sps),
     }
+    if other is not None:
+        runners[f"dspark[{label}]"] = assisted_runner(packed, n, other)
     uncalibrated = dspark_hf.LookupAssistant(lookup, packed, sps=sps)
     uncalibrated.options.online_calibration = False
     runners["lookup/uncalibrated"] = gen(packed, assistant_model=uncalibrated)
@@ -211,7 +225,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     prov = provenance(threads=args.threads, prepacked_linears=swapped, gqa_attention=args.gqa_attention,
-                      drafter=args.drafter or ("release" if drafter is not None else None), lookup=str(lookup_path),
+                      drafter=args.drafter or ("release" if drafter is not None else None),
+                      compare_drafter=args.compare_drafter, lookup=str(lookup_path),
                       lookup_ngrams=len(lookup), lookup_meta=lookup.meta)
     data = {"provenance": prov, "settings": vars(args), "cost_curve_s": curve, "rows": rows}
     atomic_write_json(out / "results.json", data)
@@ -234,7 +249,9 @@ def write_report(data: dict, out: Path) -> str:
              f"{prov.get('lookup_ngrams', 0):,} n-grams from {meta.get('sequences')} examples "
              f"({meta.get('answer_tokens')} answer tokens). Packed: {prov.get('prepacked_linears')} linears"
              + (", with GQA attention without repeat_kv copies" if prov.get("gqa_attention") else "") + "."
-             + (f" Drafter: `{prov['drafter']}`." if prov.get("drafter") else ""), "",
+             + (f" Drafter: `{prov['drafter']}`." if prov.get("drafter") else "")
+             + (f" Compared drafter (`dspark[...]`, whole block): `{prov['compare_drafter']}`."
+                if prov.get("compare_drafter") else ""), "",
              "Batch-1 cost curve of the packed target, profiled in the run (seconds per forward of B new tokens, "
              "relative to B = 1): " + ", ".join(f"B={b}: {s / base:.2f}x" for b, s in curve.items()) + ".", "",
              "| method | " + " | ".join(sets) + " | geo-mean speedup | macro tau |",
