@@ -311,6 +311,19 @@ def test_feature_cache_misses_an_example_whose_tokens_changed(tmp_path):
         FeatureCache(tmp_path, target, layers)
 
 
+def test_growing_a_feature_cache_with_other_settings_names_what_differs_and_writes_nothing(tmp_path):
+    target = make_target("qwen3")
+    examples = learnable_examples(target, count=4)
+    build_feature_cache(target, examples[:2], tmp_path, [1, 2], batch_size=2, shard_examples=2, max_length=32,
+                        progress=False)
+    before = sorted(p.name for p in tmp_path.iterdir()), (tmp_path / "manifest.json").read_text()
+    with pytest.raises(ValueError, match=r"max_length: cached 32, asked 48") as err:
+        build_feature_cache(target, examples, tmp_path, [1, 2], batch_size=2, shard_examples=2, max_length=48,
+                            progress=False)
+    assert "target_layer_ids" not in str(err.value)  # only what differs is named
+    assert (sorted(p.name for p in tmp_path.iterdir()), (tmp_path / "manifest.json").read_text()) == before
+
+
 # ---------------------------------------------------------------------------------------------- learning
 def tiny_config(tmp_path, **kw) -> DSparkTrainingConfig:
     base = dict(output_dir=str(tmp_path / "run"), max_steps=150, batch_size=8, num_anchors=16, block_size=4,

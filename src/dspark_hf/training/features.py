@@ -157,8 +157,10 @@ def build_feature_cache(target, examples: Sequence[TokenizedExample], cache_dir:
     if manifest_path.exists():
         old = json.loads(manifest_path.read_text())
         settings = ("target_fingerprint", "target_layer_ids", "dtype", "max_length", "key_format")
-        if {k: old.get(k) for k in settings} != {k: manifest[k] for k in settings}:
-            raise ValueError(f"{cache_dir} holds a feature cache with other settings; use an empty folder")
+        differ = [f"{k}: cached {old.get(k)!r}, asked {manifest[k]!r}" for k in settings if old.get(k) != manifest[k]]
+        if differ:
+            raise ValueError(f"{cache_dir} holds a feature cache with other settings ({'; '.join(differ)}): use an "
+                             "empty folder, or the cached settings (e.g. the training config's max_length)")
         manifest["shards"] = old["shards"]
     done = {i for ids in manifest["shards"].values() for i in ids}
     todo = [e for e in examples if feature_key(e) not in done]
