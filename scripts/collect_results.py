@@ -24,6 +24,7 @@ QWEN_CPU_BENCH = ("python scripts/bench_lookup.py --target qwen2.5-coder-0.5b-in
                   "/work/runs/qwen2.5-coder-0.5b-dspark-cpu/calibrated --gqa-attention --methods target-only/packed "
                   "prompt-lookup/packed dspark dspark+sps lookup lookup+dspark --prompts 4 --max-new-tokens 64 "
                   "--out results/lookup_qwen2.5-coder-0.5b_drafter")
+QWEN_EVALFORM = "RUNS=/work/runs bash scripts/train_qwen_evalform.sh"
 
 SECTIONS = [
     ("head_cost/head_cost.md", "Sequential head vs parallel forward (issue: foundation)",
@@ -912,6 +913,19 @@ SECTIONS = [
      "Qwen2.5-Coder-0.5B-Instruct at batch 1: the CPU-trained DSpark drafter beside target-only, prompt lookup and "
      "n-gram lookup drafts, prepacked target with GQA attention (issue 14 part 5)",
      QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE + " && " + QWEN_CPU_BENCH),
+    ("qwen_evalform/training/training.md",
+     "That Qwen2.5-Coder-0.5B drafter continued on 1,024 eval-form answers added to its 2,016 (30-minute time budget, "
+     "warm start), its first run beside it (issue 14 parts 2, 3, 5)",
+     QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE + " && " + QWEN_EVALFORM),
+    ("qwen_evalform/calibration/calibration.md",
+     "STS calibration of the continued Qwen2.5-Coder-0.5B drafter (fit on half of 48 held-out prompts, measured on "
+     "the other half)",
+     QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE + " && " + QWEN_EVALFORM),
+    ("qwen_evalform/batch1/results.md",
+     "Qwen2.5-Coder-0.5B-Instruct at batch 1: the continued drafter (whole block, Algorithm 1 lengths with and "
+     "without the backoff, the realized gate) beside its first run, target-only, prompt lookup and lookup drafts "
+     "from a table with the eval-form answers (issue 14 part 5)",
+     QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE + " && " + QWEN_EVALFORM),
 ]
 
 
