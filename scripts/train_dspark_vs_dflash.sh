@@ -12,6 +12,9 @@
 #   RUNS=/work/runs STEPS=1200 EVERY=300 TAG=-r128 DSPARK_ARGS="markov_rank=128" OUT=... HELDOUT=... bash ...
 #       (TAG names both runs' folders; DSPARK_ARGS are key=value settings for the DSpark run only, ARGS for both,
 #       e.g. ARGS=seed=1 TAG=-s1 for a second seed)
+#   RUNS=/work/runs STEPS=1200 EVERY=300 TAG=-rnn DSPARK_ARGS="sequential_head=rnn" VARIANTS=dspark DFLASH_TAG= ...
+#       (VARIANTS=dspark trains only the DSpark run and compares it with the DFlash run of DFLASH_TAG, trained by an
+#       earlier call with the same EXAMPLES, STEPS and ARGS: another head against the same baseline)
 # fp32: on CPUs without AVX-512 BF16 / AMX bf16 autocast is 5-7x slower (results/cpu_bf16); MIXED=bf16 elsewhere.
 # Resumable (re-running continues each run from its newest checkpoint; the feature cache is shared and kept).
 set -euo pipefail
@@ -27,6 +30,8 @@ MIXED=${MIXED:-no}
 OUT=${OUT:-results/training_smollm2_dspark_vs_dflash}
 HELDOUT=${HELDOUT:-results/heldout_tau/smollm2_dspark_vs_dflash.json}
 TAG=${TAG:-}
+DFLASH_TAG=${DFLASH_TAG-$TAG}
+read -r -a variants <<< "${VARIANTS:-dspark dflash}"
 read -r -a dspark_args <<< "${DSPARK_ARGS:-}"
 read -r -a both_args <<< "${ARGS:-}"
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
@@ -36,7 +41,7 @@ common=(--config examples/configs/smollm2-135m-dspark-long.yaml "feature_cache=$
 mkdir -p "$RUNS"
 # the feature cache once (both runs read it), then the two runs in parallel
 dspark-hf train "${common[@]}" "output_dir=$RUNS/dspark-vs-dflash-cache" stop_at_step=1 > "$RUNS/dspark-vs-dflash-cache.log" 2>&1
-for variant in dspark dflash; do
+for variant in "${variants[@]}"; do
   extra=("${both_args[@]}")
   [ "$variant" = dspark ] && extra+=("${dspark_args[@]}")
   dspark-hf train "${common[@]}" "variant=$variant" "${extra[@]}" "output_dir=$RUNS/$variant$TAG-$EXAMPLES-$STEPS" \
@@ -44,13 +49,13 @@ for variant in dspark dflash; do
 done
 wait
 # both final drafters at once (one core each), then one table
-for variant in dspark dflash; do
+for variant in "${variants[@]}"; do
   python scripts/heldout_tau.py --target smollm2-135m-instruct --num-prompts "$FINAL_PROMPTS" --threads 1 \
       --order "$ORDER" --by-source --drafter "$variant$TAG=$RUNS/$variant$TAG-$EXAMPLES-$STEPS/final" \
       --out "$RUNS/heldout-$variant$TAG-$EXAMPLES-$STEPS.json" > "$RUNS/heldout-$variant$TAG-$EXAMPLES-$STEPS.log" 2>&1 &
 done
 wait
 python scripts/heldout_tau.py --merge "$RUNS/heldout-dspark$TAG-$EXAMPLES-$STEPS.json" \
-    "$RUNS/heldout-dflash$TAG-$EXAMPLES-$STEPS.json" --out "$HELDOUT"
+    "$RUNS/heldout-dflash$DFLASH_TAG-$EXAMPLES-$STEPS.json" --out "$HELDOUT"
 dspark-hf training-report --run "dspark$TAG=$RUNS/dspark$TAG-$EXAMPLES-$STEPS" \
-    --run "dflash$TAG=$RUNS/dflash$TAG-$EXAMPLES-$STEPS" --out "$OUT"
+    --run "dflash$DFLASH_TAG=$RUNS/dflash$DFLASH_TAG-$EXAMPLES-$STEPS" --out "$OUT"
