@@ -37,6 +37,7 @@ class DSparkTrainingConfig:
     draft_candidates: int | None = field(default=64, metadata={"help": "inference: score only the top-M base logits per slot (None = full vocab)"})
     draft_vocab_size: int | None = field(default=None, metadata={"help": "reduced draft vocabulary: the drafter proposes only the N most frequent answer tokens of the training data (EOS always included); None = the full vocabulary"})
     cache_teacher_normalizer: bool = field(default=True, metadata={"help": "with a reduced draft vocabulary: compute the target's full-vocabulary log-normalizer once per example and keep it (in <feature_cache>/teacher-lse with a feature cache), so steps multiply by the draft rows of the LM head only; the loss is unchanged"})
+    teacher_topk: int | None = field(default=None, metadata={"help": "sparse teacher: keep only the target's k most probable draft ids per answer position, computed once per example (in <feature_cache>/teacher-topk<k>-<draft vocabulary hash> with a feature cache), so steps skip the teacher's product with the draft rows of the LM head; TV and c* become an upper / lower bound that is exact where the teacher's mass lies in its top k (see training/losses.py); needs draft_vocab_size and cache_teacher_normalizer; None = the exact dense teacher"})
     # ---- loss
     alpha_ce: float = field(default=0.1, metadata={"help": "weight of the cross-entropy term"})
     alpha_tv: float = field(default=0.9, metadata={"help": "weight of the total-variation term"})
@@ -107,6 +108,13 @@ class DSparkTrainingConfig:
             if self.lr_schedule == "cosine":
                 raise ValueError("time_budget_seconds re-plans max_steps during training, which would bend a cosine "
                                  "schedule already under way; use lr_schedule='wsd' (or 'constant')")
+        if self.teacher_topk is not None:
+            if self.teacher_topk < 1:
+                raise ValueError(f"teacher_topk must be >= 1 or None, got {self.teacher_topk}")
+            if self.draft_vocab_size is None or not self.cache_teacher_normalizer:
+                raise ValueError("teacher_topk (the sparse teacher) needs a reduced draft vocabulary "
+                                 "(draft_vocab_size) and cache_teacher_normalizer: true, whose cached normalizer turns "
+                                 "the draft rows' logits into the target's probabilities")
         if self.max_examples is not None and self.max_examples < 1:
             raise ValueError(f"max_examples must be >= 1 or None, got {self.max_examples}")
         if not 0.0 <= self.heldout_fraction < 1.0:

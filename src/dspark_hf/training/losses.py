@@ -21,6 +21,17 @@ over the draft ids, p_d is zero outside them, the target logits stay full-vocabu
          stay, they carry the lost mass), with its own normaliser (the weighted count of in-vocabulary slots), and
 * every slot *after* an out-of-vocabulary label is dropped from all terms: its teacher-forced prefix contains a token
   the drafter never drafts, a state verification never reaches.
+
+Sparse teacher (`target_topk`, `teacher.TeacherTopK`): only the target's k most probable draft ids per position and
+their exact probabilities p_t(j) (normalised over the full vocabulary) are given, cached once per example instead of
+a `[N, K, Vd]` product of the target's LM head every step. With P_d = sum_{j in top k} p_d(j) and r = 1 -
+sum_{j in top k} p_t(j) (the teacher's mass on its other draft ids and outside the draft vocabulary),
+
+* TV   = sum_{j in top k} |p_d(j) - p_t(j)| + (1 - P_d) + r, an upper bound of the exact ||p_d - p_t||_1 (the triangle
+         inequality on the other tokens), equal to it where the teacher puts no mass on draft ids outside its top k;
+         the gradient is the exact one's with the teacher's mass beyond its top k treated as zero,
+* c*   = 1 - 0.5 * TV, so a lower bound of the exact acceptance rate, short by at most r (the confidence head learns
+         slightly conservative survival; STS calibration corrects the scale after training).
 """
 
 from __future__ import annotations
@@ -69,19 +80,20 @@ def position_weights(block_size: int, decay: float, device: torch.device | None 
 
 def dspark_loss(
     draft_logits: torch.Tensor,
-    target_logits: torch.Tensor,
+    target_logits: torch.Tensor | None,
     labels: torch.Tensor,
     mask: torch.Tensor,
     confidence_logits: torch.Tensor | None,
     weights: LossWeights,
     draft_vocab: torch.Tensor | None = None,
     target_lse: torch.Tensor | None = None,
+    target_topk: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> LossOutput:
     """The three DSpark terms.
 
     Args:
         draft_logits: `[N, K, V]` Markov-corrected draft logits (teacher-forced).
-        target_logits: `[N, K, V]` the target's logits for the same positions (no gradient).
+        target_logits: `[N, K, V]` the target's logits for the same positions (no gradient); None with `target_topk`.
         labels: `[N, K]` ground-truth tokens.
         mask: `[N, K]` bool, supervised slots (cumulative-product mask).
         confidence_logits: `[N, K]` or None (no confidence head).
@@ -91,6 +103,9 @@ def dspark_loss(
         target_lse: `[N, K]` the target's log-normalizer over its full vocabulary (`teacher.TeacherNormalizer`);
             then `target_logits` holds only the draft vocabulary's logits `[N, K, Vd]` (in draft-id order) and the
             teacher distribution is still exact: p_t = exp(z - lse) inside, 1 - sum(p_t) outside.
+        target_topk: `(ids [N, K, k], logp [N, K, k])` the sparse teacher: the target's k most probable *draft* ids
+            (indices into `draft_vocab`) and their log-probabilities over its full vocabulary; then `target_logits`
+            must be None and TV / c* use the upper bound of the module docstring.
     """
     n, k, _ = draft_logits.shape
     device = draft_logits.device
@@ -107,6 +122,14 @@ def dspark_loss(
         ce_mask = mask & in_vocab
     if target_lse is not None and draft_vocab is None:
         raise ValueError("target_lse is for a reduced draft vocabulary (draft_vocab); without one pass full logits")
+    if (target_topk is None) == (target_logits is None):
+        raise ValueError("pass exactly one teacher: target_logits (dense) or target_topk (sparse)")
+    if target_topk is not None:
+        if draft_vocab is None:
+            raise ValueError("target_topk holds draft ids: it needs the reduced draft vocabulary (draft_vocab)")
+        if target_topk[0].shape != target_topk[1].shape or target_topk[0].shape[:2] != (n, k):
+            raise ValueError(f"target_topk must be two [N, K, k] tensors with N, K = {n}, {k}; got "
+                             f"{tuple(target_topk[0].shape)} and {tuple(target_topk[1].shape)}")
     pos_w = position_weights(k, weights.decay, device)[None, :].expand(n, k)
     w = pos_w * mask
     w_ce = pos_w * ce_mask
@@ -114,8 +137,12 @@ def dspark_loss(
     logp_d = F.log_softmax(draft_logits.float(), dim=-1)
     p_d = logp_d.exp()
     with torch.no_grad():
-        z_t = target_logits.float()
-        if draft_vocab is None:
+        z_t = None if target_logits is None else target_logits.float()
+        if target_topk is not None:
+            topk_ids = target_topk[0].to(device).long()
+            p_top = target_topk[1].to(device).float().exp()  # [N, K, k]
+            residual = (1.0 - p_top.sum(dim=-1)).clamp(min=0.0)  # [N, K]: the teacher's mass beyond its top k
+        elif draft_vocab is None:
             p_t, outside = F.softmax(z_t, dim=-1), 0.0
         elif target_lse is not None:
             if z_t.shape[-1] != d2t.shape[0] or target_lse.shape != z_t.shape[:2]:
@@ -126,11 +153,15 @@ def dspark_loss(
         else:
             lse = torch.logsumexp(z_t, dim=-1, keepdim=True)  # [N, K, 1] over the full vocabulary
             z_in = z_t.index_select(-1, d2t)  # [N, K, Vd]
-        if draft_vocab is not None:
+        if draft_vocab is not None and target_topk is None:
             p_t = torch.exp(z_in - lse)
             outside = (-torch.expm1(torch.logsumexp(z_in, dim=-1) - lse.squeeze(-1))).clamp(min=0.0)  # [N, K]
     ce_pos = F.nll_loss(logp_d.reshape(n * k, -1), labels.reshape(-1), reduction="none").view(n, k)
-    l1_pos = (p_d - p_t).abs().sum(dim=-1) + outside  # [N, K], in [0, 2]
+    if target_topk is not None:
+        p_d_top = p_d.gather(-1, topk_ids)  # [N, K, k]
+        l1_pos = (p_d_top - p_top).abs().sum(dim=-1) + (1.0 - p_d_top.sum(dim=-1)) + residual
+    else:
+        l1_pos = (p_d - p_t).abs().sum(dim=-1) + outside  # [N, K], in [0, 2]
     ce = (ce_pos * w_ce).sum() / w_ce.sum().clamp(min=1e-8)
     tv = (l1_pos * w).sum() / denom
     c_star = (1.0 - 0.5 * l1_pos).detach().clamp(0.0, 1.0)

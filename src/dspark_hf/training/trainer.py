@@ -43,7 +43,7 @@ from ..models.configuration_dspark import DSparkConfig
 from .data import TokenizedExample, read_examples, sample_anchors
 from .features import FeatureBatch, FeatureCache, OnlineFeatures, build_feature_cache
 from .losses import LossOutput, LossWeights, dspark_loss
-from .teacher import TeacherNormalizer
+from .teacher import TeacherNormalizer, TeacherTopK, draft_vocab_hash
 from ..decoding.sps import target_fingerprint
 from ..models.modeling_dspark import DSparkDrafter
 from ..provenance import atomic_write_json, atomic_write_text, cpu_has_native_bf16, provenance
@@ -414,6 +414,17 @@ class DSparkTrainer:
                 lambda h: drafter_.lm_head(h.to(drafter_.dtype)),
                 folder=Path(config.feature_cache) / "teacher-lse" if config.feature_cache else None,
                 fingerprint=target_fingerprint(target))
+        self.teacher_topk: TeacherTopK | None = None
+        if config.teacher_topk is not None and self.teacher is None:
+            raise ValueError("teacher_topk needs a drafter with a reduced draft vocabulary (its d2t) and the cached "
+                             "teacher normalizer; this drafter has neither (a full-vocabulary init_from?)")
+        if config.teacher_topk is not None and self.teacher is not None:
+            drafter_, k_top, d2t = self.drafter, config.teacher_topk, self.drafter.d2t
+            self.teacher_topk = TeacherTopK(
+                lambda h: drafter_.draft_lm_head(h.to(drafter_.dtype)), k_top, d2t,
+                folder=(Path(config.feature_cache) / f"teacher-topk{k_top}-{draft_vocab_hash(d2t)[:12]}"
+                        if config.feature_cache else None),
+                fingerprint=target_fingerprint(target))
         params = [p for p in self.drafter.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay,
                                            betas=(0.9, 0.95))
@@ -501,20 +512,26 @@ class DSparkTrainer:
             tpos = (blk["anchor_pos"].to(device)[sel][:, None] + torch.arange(k, device=device)).clamp(max=t - 1)
             final_all = feats.final_hidden.to(device)
             final = final_all[b_idx[:, None], tpos]  # [N, K, d]: predicts the label at p+k+1
-            target_lse = None
+            target_lse, target_topk = None, None
             if self.teacher is not None:  # the draft rows and the cached full-vocabulary normalizer: exact, cheaper
-                target_lse = self.teacher(examples, final_all, feats.attention_mask,
-                                          feats.loss_mask)[b_idx[:, None], tpos]
-                target_logits = drafter.draft_lm_head(final.to(drafter.dtype)).float()
+                lse_all = self.teacher(examples, final_all, feats.attention_mask, feats.loss_mask)
+                target_lse = lse_all[b_idx[:, None], tpos]
                 missing = torch.isnan(target_lse)  # positions outside the answers: only unsupervised slots
                 if bool((missing & mask).any()):
                     raise RuntimeError("a supervised slot predicts from a position without a teacher normalizer "
                                        "(outside the loss mask); this is a bug in anchor sampling")
-                target_lse = torch.where(missing, torch.logsumexp(target_logits, dim=-1), target_lse)  # finite
+                if self.teacher_topk is not None:  # the sparse teacher: no product with the LM head this step
+                    top_ids, top_logp = self.teacher_topk(examples, final_all, feats.attention_mask,
+                                                          feats.loss_mask, lse_all)
+                    target_topk = (top_ids[b_idx[:, None], tpos], top_logp[b_idx[:, None], tpos])
+                    target_logits, target_lse = None, None
+                else:
+                    target_logits = drafter.draft_lm_head(final.to(drafter.dtype)).float()
+                    target_lse = torch.where(missing, torch.logsumexp(target_logits, dim=-1), target_lse)  # finite
             else:
                 target_logits = drafter.lm_head(final.to(drafter.dtype)).float()  # full vocabulary: the outside mass
         return dspark_loss(logits, target_logits, labels, mask, conf_logits, self.weights, draft_vocab=drafter.d2t,
-                           target_lse=target_lse)
+                           target_lse=target_lse, target_topk=target_topk)
 
     # ------------------------------------------------------------------ checkpoints
     def checkpoints(self) -> list[Path]:
@@ -527,8 +544,9 @@ class DSparkTrainer:
 
         final = self.output_dir / f"checkpoint-{self.step:06d}"
         rng = gather_object([_rng_state()])  # collective: one entry per process, in rank order
-        if self.teacher is not None:  # every process keeps what it computed (its own file names)
-            self.teacher.save(tag=f"r{self.accelerator.process_index}")
+        for store in (self.teacher, self.teacher_topk):  # every process keeps what it computed (its own file names)
+            if store is not None:
+                store.save(tag=f"r{self.accelerator.process_index}")
         if not self.accelerator.is_main_process:
             return final
         tmp = self.output_dir / f".tmp-checkpoint-{self.step:06d}"
