@@ -926,6 +926,12 @@ SECTIONS = [
      "without the backoff, the realized gate) beside its first run, target-only, prompt lookup and lookup drafts "
      "from a table with the eval-form answers (issue 14 part 5)",
      QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE + " && " + QWEN_EVALFORM),
+    ("teacher_topk/smollm2/mass.md",
+     "How much of the target's next-token mass a sparse teacher of k draft ids keeps (the slack of the sparse TV "
+     "bound; issue 14 part 3)",
+     "python scripts/teacher_topk_mass.py --target smollm2-135m-instruct --drafter "
+     "src/dspark_hf/testbed/releases/smollm2-135m-instruct-dspark --data data/smollm2-135m-12k --examples 64 "
+     "--out results/teacher_topk/smollm2"),
 ]
 
 
