@@ -926,6 +926,26 @@ SECTIONS = [
      "without the backoff, the realized gate) beside its first run, target-only, prompt lookup and lookup drafts "
      "from a table with the eval-form answers (issue 14 part 5)",
      QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE + " && " + QWEN_EVALFORM),
+    ("training_smollm2_rnn_vs_dflash/training.md",
+     "The DSpark recipe of the spread pair with the RNN head instead of the Markov head, against that pair's DFlash "
+     "run (1,200 steps; runs with one seed and data subset are deterministic at equal steps, so the DFlash run of "
+     "another session compares there; its CPU hours were measured on another VM session and do not)",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark DFLASH_TAG= TAG=-rnn "
+     "DSPARK_ARGS=sequential_head=rnn OUT=results/training_smollm2_rnn_vs_dflash "
+     "HELDOUT=results/heldout_tau/smollm2_rnn_vs_dflash.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("heldout_tau/smollm2_rnn_vs_dflash.md", "Those final drafters on all 96 held-out prompts, per source family",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark DFLASH_TAG= TAG=-rnn "
+     "DSPARK_ARGS=sequential_head=rnn OUT=results/training_smollm2_rnn_vs_dflash "
+     "HELDOUT=results/heldout_tau/smollm2_rnn_vs_dflash.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("training_smollm2_gated_vs_dflash/training.md",
+     "The same with the gated Markov head (DeepSpec's \"gated\"), trained beside the RNN run",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark DFLASH_TAG= TAG=-gated "
+     "DSPARK_ARGS=sequential_head=gated_markov OUT=results/training_smollm2_gated_vs_dflash "
+     "HELDOUT=results/heldout_tau/smollm2_gated_vs_dflash.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("heldout_tau/smollm2_gated_vs_dflash.md", "Those final drafters on all 96 held-out prompts, per source family",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark DFLASH_TAG= TAG=-gated "
+     "DSPARK_ARGS=sequential_head=gated_markov OUT=results/training_smollm2_gated_vs_dflash "
+     "HELDOUT=results/heldout_tau/smollm2_gated_vs_dflash.json bash scripts/train_dspark_vs_dflash.sh"),
     ("teacher_topk/smollm2/mass.md",
      "How much of the target's next-token mass a sparse teacher of k draft ids keeps (the slack of the sparse TV "
      "bound; issue 14 part 3)",
