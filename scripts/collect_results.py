@@ -25,6 +25,17 @@ QWEN_CPU_BENCH = ("python scripts/bench_lookup.py --target qwen2.5-coder-0.5b-in
                   "prompt-lookup/packed dspark dspark+sps lookup lookup+dspark --prompts 4 --max-new-tokens 64 "
                   "--out results/lookup_qwen2.5-coder-0.5b_drafter")
 QWEN_EVALFORM = "RUNS=/work/runs bash scripts/train_qwen_evalform.sh"
+_PAIR = "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 "
+SPARSE_DSPARK = (_PAIR + "VARIANTS=dspark DFLASH_TAG= TAG=-topk64 DSPARK_ARGS=teacher_topk=64 "
+                 "OUT=results/training_smollm2_topk64_vs_dflash HELDOUT=results/heldout_tau/smollm2_topk64_vs_dflash.json "
+                 "bash scripts/train_dspark_vs_dflash.sh")
+DENSE_RERUN = (_PAIR + "VARIANTS=dspark DFLASH_TAG= TAG=-dense OUT=results/training_smollm2_dense_rerun_vs_dflash "
+               "HELDOUT=results/heldout_tau/smollm2_dense_rerun_vs_dflash.json bash scripts/train_dspark_vs_dflash.sh")
+SPARSE_DFLASH = ("mv /work/runs/features/smollm2-135m-bf16/teacher-topk64-9c5801234eb8 /work/runs/teacher-topk64-from-"
+                 "dspark-run && " + _PAIR + "VARIANTS=dflash TAG=-topk64 ARGS=teacher_topk=64 "
+                 "OUT=results/training_smollm2_topk64_pair HELDOUT=results/heldout_tau/smollm2_topk64_pair.json "
+                 "bash scripts/train_dspark_vs_dflash.sh")
+SPARSE_ALL = ("(" + SPARSE_DSPARK + " & sleep 45; " + DENSE_RERUN + "; wait) && " + SPARSE_DFLASH)
 
 SECTIONS = [
     ("head_cost/head_cost.md", "Sequential head vs parallel forward (issue: foundation)",
@@ -946,6 +957,29 @@ SECTIONS = [
      "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark DFLASH_TAG= TAG=-gated "
      "DSPARK_ARGS=sequential_head=gated_markov OUT=results/training_smollm2_gated_vs_dflash "
      "HELDOUT=results/heldout_tau/smollm2_gated_vs_dflash.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("training_smollm2_sparse_teacher/training.md",
+     "The sparse teacher (`teacher_topk=64`) against the dense one: the seed-0 DSpark recipe twice side by side (the "
+     "dense run reproduces stop 41's exactly), then the DFlash baseline with the sparse teacher for its diagnostics "
+     "(its weights are the dense-teacher DFlash run's: CE only), all on one VM in one session (issue 14 part 3)",
+     SPARSE_ALL + " && dspark-hf training-report --run dense=/work/runs/dspark-dense-1024-1200 --run "
+     "topk64=/work/runs/dspark-topk64-1024-1200 --run dflash-topk64=/work/runs/dflash-topk64-1024-1200 "
+     "--out results/training_smollm2_sparse_teacher"),
+    ("heldout_tau/smollm2_sparse_teacher.md", "Those three final drafters on all 96 held-out prompts, per source family",
+     SPARSE_ALL + " && python scripts/heldout_tau.py --merge /work/runs/heldout-dspark-dense-1024-1200.json "
+     "/work/runs/heldout-dspark-topk64-1024-1200.json /work/runs/heldout-dflash-topk64-1024-1200.json "
+     "--out results/heldout_tau/smollm2_sparse_teacher.json"),
+    ("training_smollm2_topk64_vs_dflash/training.md",
+     "The sparse-teacher DSpark run against the spread pair's DFlash run (equal steps valid; CPU hours from two "
+     "sessions)", SPARSE_DSPARK),
+    ("training_smollm2_topk64_pair/training.md",
+     "The sparse-teacher DSpark and DFlash runs, both of this session: equal steps and equal CPU hours", SPARSE_ALL),
+    ("compare_smollm2_topk64_tau/compare.md",
+     "The sparse- and dense-teacher DSpark drafters and the DFlash baseline on the evaluation sets: tau and "
+     "per-position acceptance (8 prompts per set)",
+     SPARSE_ALL + " && OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct --drafter "
+     "topk64=/work/runs/dspark-topk64-1024-1200/final --drafter dense=/work/runs/dspark-dense-1024-1200/final "
+     "--drafter dflash=/work/runs/dflash-1024-1200/final --limit 8 --max-new-tokens 64 --speed-prompts 0 "
+     "--prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_topk64_tau"),
     ("teacher_topk/smollm2/mass.md",
      "How much of the target's next-token mass a sparse teacher of k draft ids keeps (the slack of the sparse TV "
      "bound; issue 14 part 3)",
