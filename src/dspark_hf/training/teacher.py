@@ -55,6 +55,7 @@ class _ExampleStore:
     mismatch is a ValueError naming what differs) and map an example's entry to and from flat safetensors tensors."""
 
     prefix = "store-"
+    what = "per-example tensors"  # named in the error for a folder of another setting
 
     def __init__(self, folder: str | Path | None, info: dict) -> None:
         self.folder = None if folder is None else Path(folder)
@@ -69,8 +70,7 @@ class _ExampleStore:
                 differ = [f"{k}: stored {stored.get(k)!r}, asked {v!r}" for k, v in info.items()
                           if v is not None and stored.get(k) != v]
                 if differ:
-                    what = "teacher normalizers" if "k" not in info else "sparse teacher targets"
-                    raise ValueError(f"{self.folder} holds {what} of another setting ({'; '.join(differ)}); use "
+                    raise ValueError(f"{self.folder} holds {self.what} of another setting ({'; '.join(differ)}); use "
                                      "another folder")
             for file in sorted(self.folder.glob(f"{self.prefix}*.safetensors")):
                 for key, value in load_file(file).items():  # the same example twice: keep the longer entry
@@ -116,6 +116,7 @@ class TeacherNormalizer(_ExampleStore):
     """
 
     prefix = "teacher-lse-"
+    what = "teacher normalizers"
 
     def __init__(self, lm_head: Callable[[torch.Tensor], torch.Tensor], folder: str | Path | None = None,
                  fingerprint: str | None = None) -> None:
@@ -175,6 +176,7 @@ class TeacherTopK(_ExampleStore):
     """
 
     prefix = "teacher-topk-"
+    what = "sparse teacher targets"
 
     def __init__(self, draft_lm_head: Callable[[torch.Tensor], torch.Tensor], k: int, draft_vocab: torch.Tensor,
                  folder: str | Path | None = None, fingerprint: str | None = None) -> None:

@@ -511,7 +511,6 @@ class DSparkTrainer:
             t = feats.final_hidden.shape[1]
             tpos = (blk["anchor_pos"].to(device)[sel][:, None] + torch.arange(k, device=device)).clamp(max=t - 1)
             final_all = feats.final_hidden.to(device)
-            final = final_all[b_idx[:, None], tpos]  # [N, K, d]: predicts the label at p+k+1
             target_lse, target_topk = None, None
             if self.teacher is not None:  # the draft rows and the cached full-vocabulary normalizer: exact, cheaper
                 lse_all = self.teacher(examples, final_all, feats.attention_mask, feats.loss_mask)
@@ -526,9 +525,11 @@ class DSparkTrainer:
                     target_topk = (top_ids[b_idx[:, None], tpos], top_logp[b_idx[:, None], tpos])
                     target_logits, target_lse = None, None
                 else:
+                    final = final_all[b_idx[:, None], tpos]  # [N, K, d]: predicts the label at p+k+1
                     target_logits = drafter.draft_lm_head(final.to(drafter.dtype)).float()
                     target_lse = torch.where(missing, torch.logsumexp(target_logits, dim=-1), target_lse)  # finite
             else:
+                final = final_all[b_idx[:, None], tpos]
                 target_logits = drafter.lm_head(final.to(drafter.dtype)).float()  # full vocabulary: the outside mass
         return dspark_loss(logits, target_logits, labels, mask, conf_logits, self.weights, draft_vocab=drafter.d2t,
                            target_lse=target_lse, target_topk=target_topk)
