@@ -15,6 +15,7 @@
 #   RUNS=/work/runs STEPS=1200 EVERY=300 TAG=-rnn DSPARK_ARGS="sequential_head=rnn" VARIANTS=dspark DFLASH_TAG= ...
 #       (VARIANTS=dspark trains only the DSpark run and compares it with the DFlash run of DFLASH_TAG, trained by an
 #       earlier call with the same EXAMPLES, STEPS and ARGS: another head against the same baseline)
+#   SEQUENTIAL=1 trains the variants one after the other (one core), e.g. while another job holds the other core
 # fp32: on CPUs without AVX-512 BF16 / AMX bf16 autocast is 5-7x slower (results/cpu_bf16); MIXED=bf16 elsewhere.
 # Resumable (re-running continues each run from its newest checkpoint; the feature cache is shared and kept).
 set -euo pipefail
@@ -30,6 +31,7 @@ MIXED=${MIXED:-no}
 OUT=${OUT:-results/training_smollm2_dspark_vs_dflash}
 HELDOUT=${HELDOUT:-results/heldout_tau/smollm2_dspark_vs_dflash.json}
 TAG=${TAG:-}
+SEQUENTIAL=${SEQUENTIAL:-}
 DFLASH_TAG=${DFLASH_TAG-$TAG}
 read -r -a variants <<< "${VARIANTS:-dspark dflash}"
 read -r -a dspark_args <<< "${DSPARK_ARGS:-}"
@@ -46,6 +48,7 @@ for variant in "${variants[@]}"; do
   [ "$variant" = dspark ] && extra+=("${dspark_args[@]}")
   dspark-hf train "${common[@]}" "variant=$variant" "${extra[@]}" "output_dir=$RUNS/$variant$TAG-$EXAMPLES-$STEPS" \
       > "$RUNS/$variant$TAG-$EXAMPLES-$STEPS.log" 2>&1 &
+  [ -n "$SEQUENTIAL" ] && wait  # one after the other on one core (another job holds the other)
 done
 wait
 # both final drafters at once (one core each), then one table

@@ -32,6 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["ConfidenceHead", "GatedMarkovHead", "MarkovHead", "RNNHead", "build_sequential_head"]
@@ -80,7 +81,13 @@ class MarkovHead(_LowRankBias):
 
     def teacher_forced(self, prev_token_ids: torch.Tensor, hidden: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         features = self.markov_w1(prev_token_ids)  # [B, K, r]
-        return self.markov_w2(self._latent(features, hidden)), features
+        if type(self)._latent is not MarkovHead._latent:  # the latent reads h_k (gated): one bias per slot
+            return self.markov_w2(self._latent(features, hidden)), features
+        # The plain Markov bias depends on the previous token only, and a training batch repeats few of them (about
+        # 160 distinct ids in 1,792 SmolLM2 slots: overlapping blocks): the r x V product runs once per distinct id
+        # and is gathered, 2.4x cheaper forward and backward, the same values (the gradient up to summation order).
+        distinct, inverse = torch.unique(prev_token_ids, return_inverse=True)
+        return F.embedding(inverse, self.markov_w2(self.markov_w1(distinct))), features
 
 
 class GatedMarkovHead(MarkovHead):

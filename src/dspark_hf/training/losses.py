@@ -135,7 +135,9 @@ def dspark_loss(
     w_ce = pos_w * ce_mask
     denom = w.sum().clamp(min=1e-8)
     logp_d = F.log_softmax(draft_logits.float(), dim=-1)
-    p_d = logp_d.exp()
+    # TV's gradient is needed only where it is weighted (DFlash, alpha_tv = 0, reads it as a diagnostic; c* is
+    # detached anyway), and the sparse teacher needs p_d on its top-k ids only, not the whole [N, K, V] softmax
+    logp_tv = logp_d if weights.tv != 0 else logp_d.detach()
     with torch.no_grad():
         z_t = None if target_logits is None else target_logits.float()
         if target_topk is not None:
@@ -158,10 +160,10 @@ def dspark_loss(
             outside = (-torch.expm1(torch.logsumexp(z_in, dim=-1) - lse.squeeze(-1))).clamp(min=0.0)  # [N, K]
     ce_pos = F.nll_loss(logp_d.reshape(n * k, -1), labels.reshape(-1), reduction="none").view(n, k)
     if target_topk is not None:
-        p_d_top = p_d.gather(-1, topk_ids)  # [N, K, k]
+        p_d_top = logp_tv.gather(-1, topk_ids).exp()  # [N, K, k]
         l1_pos = (p_d_top - p_top).abs().sum(dim=-1) + (1.0 - p_d_top.sum(dim=-1)) + residual
     else:
-        l1_pos = (p_d - p_t).abs().sum(dim=-1) + outside  # [N, K], in [0, 2]
+        l1_pos = (logp_tv.exp() - p_t).abs().sum(dim=-1) + outside  # [N, K], in [0, 2]
     ce = (ce_pos * w_ce).sum() / w_ce.sum().clamp(min=1e-8)
     tv = (l1_pos * w).sum() / denom
     c_star = (1.0 - 0.5 * l1_pos).detach().clamp(0.0, 1.0)
