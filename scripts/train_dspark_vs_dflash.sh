@@ -48,7 +48,7 @@ for variant in "${variants[@]}"; do
   [ "$variant" = dspark ] && extra+=("${dspark_args[@]}")
   dspark-hf train "${common[@]}" "variant=$variant" "${extra[@]}" "output_dir=$RUNS/$variant$TAG-$EXAMPLES-$STEPS" \
       > "$RUNS/$variant$TAG-$EXAMPLES-$STEPS.log" 2>&1 &
-  [ -n "$SEQUENTIAL" ] && wait  # one after the other on one core (another job holds the other)
+  if [ -n "$SEQUENTIAL" ]; then wait; fi  # one after the other on one core (another job holds the other)
 done
 wait
 # both final drafters at once (one core each), then one table
