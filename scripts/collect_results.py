@@ -977,6 +977,17 @@ SECTIONS = [
      "topk64=/work/runs/dspark-topk64-1024-1200/final --drafter dense=/work/runs/dspark-dense-1024-1200/final "
      "--drafter dflash=/work/runs/dflash-1024-1200/final --limit 8 --max-new-tokens 64 --speed-prompts 0 "
      "--prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_topk64_tau"),
+    ("training_smollm2_topk64_seed1/training.md",
+     "The sparse teacher on a second seed: the seed-1 DSpark recipe with `teacher_topk=64` against the seed-1 DFlash "
+     "run (equal steps; that run was trained in an earlier session, so its CPU hours do not compare; trained at "
+     "commit e418d79, before the cheaper Markov step)",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark DFLASH_TAG=-s1 TAG=-s1-topk64 ARGS=seed=1 "
+     "DSPARK_ARGS=teacher_topk=64 OUT=results/training_smollm2_topk64_seed1 "
+     "HELDOUT=results/heldout_tau/smollm2_topk64_seed1.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("heldout_tau/smollm2_topk64_seed1.md", "Those final drafters on all 96 held-out prompts, per source family",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark DFLASH_TAG=-s1 TAG=-s1-topk64 ARGS=seed=1 "
+     "DSPARK_ARGS=teacher_topk=64 OUT=results/training_smollm2_topk64_seed1 "
+     "HELDOUT=results/heldout_tau/smollm2_topk64_seed1.json bash scripts/train_dspark_vs_dflash.sh"),
     ("teacher_topk/smollm2/mass.md",
      "How much of the target's next-token mass a sparse teacher of k draft ids keeps (the slack of the sparse TV "
      "bound; issue 14 part 3)",
