@@ -85,6 +85,34 @@ def test_sequential_step_equals_teacher_forcing(kind):
         assert not torch.allclose(head.teacher_forced(other, hidden)[0][:, 3], tf_bias[:, 3])
 
 
+@pytest.mark.parametrize("kind", ["markov", "gated_markov"])
+def test_teacher_forced_bias_with_repeated_previous_tokens_equals_one_product_per_slot(kind):
+    """The plain Markov head computes its training bias once per distinct previous token (a batch repeats most of
+    them); values, the W1 features and every gradient equal the per-slot product W2(W1[x]); the gated head, whose
+    latent reads h_k, still gives slots with the same previous token different biases."""
+    torch.manual_seed(0)
+    head = build_sequential_head(kind, vocab_size=40, rank=8, hidden_size=12)
+    for p in head.parameters():
+        torch.nn.init.normal_(p, std=0.5)
+    prev = torch.randint(0, 6, (9, 5))  # 45 slots, at most 6 distinct tokens
+    hidden = torch.randn(9, 5, 12, requires_grad=True)
+    grad_out = torch.randn(9, 5, 40)
+    bias, feat = head.teacher_forced(prev, hidden)
+    (bias * grad_out).sum().backward()
+    fast = {name: p.grad.clone() for name, p in head.named_parameters()}
+    head.zero_grad()
+    feat_ref = head.markov_w1(prev)
+    ref = head.markov_w2(head._latent(feat_ref, hidden))
+    (ref * grad_out).sum().backward()
+    assert torch.equal(bias, ref) and torch.equal(feat, feat_ref)
+    for name, p in head.named_parameters():
+        assert torch.allclose(fast[name], p.grad, atol=1e-5, rtol=1e-5), name
+    same = (prev[:, 1] == prev[0, 1]).nonzero()[:, 0]
+    assert len(same) > 1
+    rows = bias[same, 1]
+    assert torch.allclose(rows, rows[:1].expand_as(rows)) == (kind == "markov")
+
+
 def test_candidate_restriction_is_an_exact_distribution_over_the_candidates(target):
     drafter = make_drafter(target, block_size=5)
     ids = torch.randint(1, 96, (1, 14), generator=torch.Generator().manual_seed(7))

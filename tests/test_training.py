@@ -61,6 +61,46 @@ def test_each_loss_term_equals_a_hand_computation():
     assert position_weights(3, 2.0).tolist() == pytest.approx([1.0, math.exp(-0.5), math.exp(-1.0)])
 
 
+@pytest.mark.parametrize("sparse", [False, True])
+def test_an_unweighted_tv_term_is_reported_and_adds_no_gradient(sparse):
+    """DFlash (alpha_tv = alpha_conf = 0) still reports TV and c*, but its gradient is the CE term's alone; with a
+    weight the TV term's gradient is there (dense teacher and the sparse top-k teacher alike)."""
+    g = torch.Generator().manual_seed(3)
+    n, k, vd = 4, 3, 10
+    d2t = torch.arange(0, 2 * vd, 2)  # draft ids -> even target ids
+    draft = torch.randn(n, k, vd, generator=g)
+    target = torch.randn(n, k, 2 * vd, generator=g)
+    labels = d2t[torch.randint(0, vd, (n, k), generator=g)]
+    mask = torch.ones(n, k, dtype=torch.bool)
+    teacher = {"target_logits": target}
+    if sparse:
+        logp = torch.log_softmax(target, dim=-1)[..., d2t]
+        top = logp.topk(4, dim=-1)
+        teacher = {"target_logits": None, "target_topk": (top.indices, top.values)}
+
+    def run(weights):
+        x = draft.clone().requires_grad_(True)
+        out = dspark_loss(x, teacher["target_logits"], labels, mask, None, weights, draft_vocab=d2t,
+                          target_topk=teacher.get("target_topk"))
+        out.total.backward()
+        return out, x.grad
+
+    dflash, g_dflash = run(LossWeights(ce=0.1, tv=0.0, conf=0.0, decay=4.0))
+    dspark, g_dspark = run(LossWeights(ce=0.1, tv=0.9, conf=0.0, decay=4.0))
+    ce_only, g_ce = run(LossWeights(ce=0.1, tv=0.0, conf=0.0, decay=4.0))
+    assert float(dflash.tv) == pytest.approx(float(dspark.tv.detach())) and float(dflash.tv) > 0
+    assert torch.equal(dflash.accept_rate, dspark.accept_rate)
+    assert not dflash.tv.requires_grad
+    assert torch.equal(g_dflash, g_ce)
+    assert not torch.allclose(g_dspark, g_dflash)
+    # the TV gradient by hand: d/dx of 0.9 * mean_w(TV) equals the difference of the two gradients
+    x = draft.clone().requires_grad_(True)
+    tv_only = dspark_loss(x, teacher["target_logits"], labels, mask, None, LossWeights(ce=0.0, tv=0.9, conf=0.0,
+                          decay=4.0), draft_vocab=d2t, target_topk=teacher.get("target_topk"))
+    tv_only.total.backward()
+    assert torch.allclose(g_dspark - g_dflash, x.grad, atol=1e-6)
+
+
 # ---------------------------------------------------------------------------------------------- data
 def test_build_training_data_with_prepacked_linears_writes_the_same_answers_and_restores_the_model(tmp_path):
     from dspark_hf.models.prepacked import PrepackedLinear, prepacked_available
