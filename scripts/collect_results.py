@@ -988,6 +988,20 @@ SECTIONS = [
      "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark DFLASH_TAG=-s1 TAG=-s1-topk64 ARGS=seed=1 "
      "DSPARK_ARGS=teacher_topk=64 OUT=results/training_smollm2_topk64_seed1 "
      "HELDOUT=results/heldout_tau/smollm2_topk64_seed1.json bash scripts/train_dspark_vs_dflash.sh"),
+    ("training_smollm2_cheaper_step/training.md",
+     "The sparse-teacher pair again after the cheaper DSpark step (the Markov bias once per distinct previous token; "
+     "TV's graph only where it is weighted): seed 0, DSpark then DFlash on one core of one VM in one session, both "
+     "reading top-k entries cached earlier (issue 14 part 3)",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
+     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
+     "bash scripts/train_dspark_vs_dflash.sh"),
+    ("heldout_tau/smollm2_cheaper_step.md", "Those final drafters on all 96 held-out prompts, per source family",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
+     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
+     "bash scripts/train_dspark_vs_dflash.sh"),
+    ("train_step_cost/results.md",
+     "The CPU cost of one training step, DSpark and DFlash, today's paths and the ones they replaced, side by side",
+     "OMP_NUM_THREADS=1 python scripts/bench_train_step.py --set teacher_topk=64 --out results/train_step_cost"),
     ("teacher_topk/smollm2/mass.md",
      "How much of the target's next-token mass a sparse teacher of k draft ids keeps (the slack of the sparse TV "
      "bound; issue 14 part 3)",
