@@ -25,6 +25,7 @@ QWEN_CPU_BENCH = ("python scripts/bench_lookup.py --target qwen2.5-coder-0.5b-in
                   "prompt-lookup/packed dspark dspark+sps lookup lookup+dspark --prompts 4 --max-new-tokens 64 "
                   "--out results/lookup_qwen2.5-coder-0.5b_drafter")
 QWEN_EVALFORM = "RUNS=/work/runs bash scripts/train_qwen_evalform.sh"
+QWEN_EVALFORM2 = "RUNS=/work/runs ROUND=2 THREADS=1 bash scripts/train_qwen_evalform.sh"
 _PAIR = "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 "
 SPARSE_DSPARK = (_PAIR + "VARIANTS=dspark DFLASH_TAG= TAG=-topk64 DSPARK_ARGS=teacher_topk=64 "
                  "OUT=results/training_smollm2_topk64_vs_dflash HELDOUT=results/heldout_tau/smollm2_topk64_vs_dflash.json "
@@ -937,6 +938,18 @@ SECTIONS = [
      "without the backoff, the realized gate) beside its first run, target-only, prompt lookup and lookup drafts "
      "from a table with the eval-form answers (issue 14 part 5)",
      QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE + " && " + QWEN_EVALFORM),
+    ("qwen_evalform2/training/training.md",
+     "The Qwen2.5-Coder-0.5B drafter's round 2: round 1 continued on all 1,824 eval-form answers and the 2,016 general "
+     "ones (40-minute time budget, one thread, warm start), round 1 beside it (issue 14 parts 2, 3, 5)",
+     QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE + " && " + QWEN_EVALFORM + " && " + QWEN_EVALFORM2),
+    ("qwen_evalform2/calibration/calibration.md",
+     "STS calibration of the round-2 Qwen2.5-Coder-0.5B drafter (fit on half of 48 held-out prompts, measured on the "
+     "other half)",
+     QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE + " && " + QWEN_EVALFORM + " && " + QWEN_EVALFORM2),
+    ("qwen_evalform2/batch1/results.md",
+     "Qwen2.5-Coder-0.5B-Instruct at batch 1: the round-2 drafter beside round 1, target-only, prompt lookup and "
+     "lookup drafts from a table with all eval-form answers (issue 14 part 5)",
+     QWEN_CPU_TRAIN + " && " + QWEN_CPU_CALIBRATE + " && " + QWEN_EVALFORM + " && " + QWEN_EVALFORM2),
     ("training_smollm2_rnn_vs_dflash/training.md",
      "The DSpark recipe of the spread pair with the RNN head instead of the Markov head, against that pair's DFlash "
      "run (1,200 steps; runs with one seed and data subset are deterministic at equal steps, so the DFlash run of "
@@ -999,6 +1012,15 @@ SECTIONS = [
      "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
      "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
      "bash scripts/train_dspark_vs_dflash.sh"),
+    ("compare_smollm2_cheaper_step_tau/compare.md",
+     "The DSpark and DFlash drafters of the cheaper-step pair on the evaluation sets: tau and per-position acceptance "
+     "(8 prompts per set)",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
+     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
+     "bash scripts/train_dspark_vs_dflash.sh && OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct "
+     "--drafter cheaper=/work/runs/dspark-topk64-v2-1024-1200/final --drafter "
+     "dflash=/work/runs/dflash-topk64-v2-1024-1200/final --limit 8 --max-new-tokens 64 --speed-prompts 0 "
+     "--prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_cheaper_step_tau"),
     ("train_step_cost/results.md",
      "The CPU cost of one training step, DSpark and DFlash, today's paths and the ones they replaced, side by side",
      "OMP_NUM_THREADS=1 python scripts/bench_train_step.py --set teacher_topk=64 --out results/train_step_cost"),
