@@ -993,7 +993,7 @@ SECTIONS = [
     ("training_smollm2_topk64_seed1/training.md",
      "The sparse teacher on a second seed: the seed-1 DSpark recipe with `teacher_topk=64` against the seed-1 DFlash "
      "run (equal steps; that run was trained in an earlier session, so its CPU hours do not compare; trained at "
-     "commit e418d79, before the cheaper Markov step)",
+     "the code of commit e418d79, before the cheaper Markov step)",
      "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark DFLASH_TAG=-s1 TAG=-s1-topk64 ARGS=seed=1 "
      "DSPARK_ARGS=teacher_topk=64 OUT=results/training_smollm2_topk64_seed1 "
      "HELDOUT=results/heldout_tau/smollm2_topk64_seed1.json bash scripts/train_dspark_vs_dflash.sh"),
