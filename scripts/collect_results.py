@@ -1021,6 +1021,34 @@ SECTIONS = [
      "--drafter cheaper=/work/runs/dspark-topk64-v2-1024-1200/final --drafter "
      "dflash=/work/runs/dflash-topk64-v2-1024-1200/final --limit 8 --max-new-tokens 64 --speed-prompts 0 "
      "--prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_cheaper_step_tau"),
+    ("training_smollm2_r512_vs_dflash/training.md",
+     "A Markov head of rank 512 (nearly free since the cheaper step) against the cheaper-step pair's DFlash run: same "
+     "seed, data, schedule and sparse teacher, the same VM and session (issue 14 part 3)",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
+     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
+     "bash scripts/train_dspark_vs_dflash.sh && RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark "
+     "DFLASH_TAG=-topk64-v2 TAG=-topk64-r512 ARGS=teacher_topk=64 DSPARK_ARGS=markov_rank=512 "
+     "OUT=results/training_smollm2_r512_vs_dflash HELDOUT=results/heldout_tau/smollm2_r512_vs_dflash.json "
+     "bash scripts/train_dspark_vs_dflash.sh"),
+    ("heldout_tau/smollm2_r512_vs_dflash.md", "Those final drafters on all 96 held-out prompts, per source family",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
+     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
+     "bash scripts/train_dspark_vs_dflash.sh && RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark "
+     "DFLASH_TAG=-topk64-v2 TAG=-topk64-r512 ARGS=teacher_topk=64 DSPARK_ARGS=markov_rank=512 "
+     "OUT=results/training_smollm2_r512_vs_dflash HELDOUT=results/heldout_tau/smollm2_r512_vs_dflash.json "
+     "bash scripts/train_dspark_vs_dflash.sh"),
+    ("compare_smollm2_r512_tau/compare.md",
+     "The rank-512 DSpark drafter and the DFlash baseline on the evaluation sets: tau and per-position acceptance "
+     "(8 prompts per set)",
+     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
+     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
+     "bash scripts/train_dspark_vs_dflash.sh && RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark "
+     "DFLASH_TAG=-topk64-v2 TAG=-topk64-r512 ARGS=teacher_topk=64 DSPARK_ARGS=markov_rank=512 "
+     "OUT=results/training_smollm2_r512_vs_dflash HELDOUT=results/heldout_tau/smollm2_r512_vs_dflash.json "
+     "bash scripts/train_dspark_vs_dflash.sh" + " && OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct "
+     "--drafter r512=/work/runs/dspark-topk64-r512-1024-1200/final --drafter "
+     "dflash=/work/runs/dflash-topk64-v2-1024-1200/final --limit 8 --max-new-tokens 64 --speed-prompts 0 "
+     "--prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_r512_tau"),
     ("train_step_cost/results.md",
      "The CPU cost of one training step, DSpark and DFlash, today's paths and the ones they replaced, side by side",
      "OMP_NUM_THREADS=1 python scripts/bench_train_step.py --set teacher_topk=64 --out results/train_step_cost"),
