@@ -27,6 +27,15 @@ QWEN_CPU_BENCH = ("python scripts/bench_lookup.py --target qwen2.5-coder-0.5b-in
 QWEN_EVALFORM = "RUNS=/work/runs bash scripts/train_qwen_evalform.sh"
 QWEN_EVALFORM2 = "RUNS=/work/runs ROUND=2 THREADS=1 bash scripts/train_qwen_evalform.sh"
 _PAIR = "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 "
+_PAIR_CACHED = _PAIR + "SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
+CHEAPER_PAIR = (_PAIR_CACHED + "OUT=results/training_smollm2_cheaper_step "
+                "HELDOUT=results/heldout_tau/smollm2_cheaper_step.json bash scripts/train_dspark_vs_dflash.sh")
+R512_PAIR = (CHEAPER_PAIR + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-topk64-v2 TAG=-topk64-r512 "
+             "ARGS=teacher_topk=64 DSPARK_ARGS=markov_rank=512 OUT=results/training_smollm2_r512_vs_dflash "
+             "HELDOUT=results/heldout_tau/smollm2_r512_vs_dflash.json bash scripts/train_dspark_vs_dflash.sh")
+TOPK64_SEED1 = (_PAIR + "VARIANTS=dspark DFLASH_TAG=-s1 TAG=-s1-topk64 ARGS=seed=1 DSPARK_ARGS=teacher_topk=64 "
+                "OUT=results/training_smollm2_topk64_seed1 HELDOUT=results/heldout_tau/smollm2_topk64_seed1.json "
+                "bash scripts/train_dspark_vs_dflash.sh")
 SPARSE_DSPARK = (_PAIR + "VARIANTS=dspark DFLASH_TAG= TAG=-topk64 DSPARK_ARGS=teacher_topk=64 "
                  "OUT=results/training_smollm2_topk64_vs_dflash HELDOUT=results/heldout_tau/smollm2_topk64_vs_dflash.json "
                  "bash scripts/train_dspark_vs_dflash.sh")
@@ -994,58 +1003,33 @@ SECTIONS = [
      "The sparse teacher on a second seed: the seed-1 DSpark recipe with `teacher_topk=64` against the seed-1 DFlash "
      "run (equal steps; that run was trained in an earlier session, so its CPU hours do not compare; trained at "
      "the code of commit e418d79, before the cheaper Markov step)",
-     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark DFLASH_TAG=-s1 TAG=-s1-topk64 ARGS=seed=1 "
-     "DSPARK_ARGS=teacher_topk=64 OUT=results/training_smollm2_topk64_seed1 "
-     "HELDOUT=results/heldout_tau/smollm2_topk64_seed1.json bash scripts/train_dspark_vs_dflash.sh"),
+     TOPK64_SEED1),
     ("heldout_tau/smollm2_topk64_seed1.md", "Those final drafters on all 96 held-out prompts, per source family",
-     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark DFLASH_TAG=-s1 TAG=-s1-topk64 ARGS=seed=1 "
-     "DSPARK_ARGS=teacher_topk=64 OUT=results/training_smollm2_topk64_seed1 "
-     "HELDOUT=results/heldout_tau/smollm2_topk64_seed1.json bash scripts/train_dspark_vs_dflash.sh"),
+     TOPK64_SEED1),
     ("training_smollm2_cheaper_step/training.md",
      "The sparse-teacher pair again after the cheaper DSpark step (the Markov bias once per distinct previous token; "
      "TV's graph only where it is weighted): seed 0, DSpark then DFlash on one core of one VM in one session, both "
      "reading top-k entries cached earlier (issue 14 part 3)",
-     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
-     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
-     "bash scripts/train_dspark_vs_dflash.sh"),
+     CHEAPER_PAIR),
     ("heldout_tau/smollm2_cheaper_step.md", "Those final drafters on all 96 held-out prompts, per source family",
-     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
-     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
-     "bash scripts/train_dspark_vs_dflash.sh"),
+     CHEAPER_PAIR),
     ("compare_smollm2_cheaper_step_tau/compare.md",
      "The DSpark and DFlash drafters of the cheaper-step pair on the evaluation sets: tau and per-position acceptance "
      "(8 prompts per set)",
-     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
-     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
-     "bash scripts/train_dspark_vs_dflash.sh && OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct "
+     CHEAPER_PAIR + " && OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct "
      "--drafter cheaper=/work/runs/dspark-topk64-v2-1024-1200/final --drafter "
      "dflash=/work/runs/dflash-topk64-v2-1024-1200/final --limit 8 --max-new-tokens 64 --speed-prompts 0 "
      "--prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_cheaper_step_tau"),
     ("training_smollm2_r512_vs_dflash/training.md",
      "A Markov head of rank 512 (nearly free since the cheaper step) against the cheaper-step pair's DFlash run: same "
      "seed, data, schedule and sparse teacher, the same VM and session (issue 14 part 3)",
-     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
-     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
-     "bash scripts/train_dspark_vs_dflash.sh && RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark "
-     "DFLASH_TAG=-topk64-v2 TAG=-topk64-r512 ARGS=teacher_topk=64 DSPARK_ARGS=markov_rank=512 "
-     "OUT=results/training_smollm2_r512_vs_dflash HELDOUT=results/heldout_tau/smollm2_r512_vs_dflash.json "
-     "bash scripts/train_dspark_vs_dflash.sh"),
+     R512_PAIR),
     ("heldout_tau/smollm2_r512_vs_dflash.md", "Those final drafters on all 96 held-out prompts, per source family",
-     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
-     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
-     "bash scripts/train_dspark_vs_dflash.sh && RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark "
-     "DFLASH_TAG=-topk64-v2 TAG=-topk64-r512 ARGS=teacher_topk=64 DSPARK_ARGS=markov_rank=512 "
-     "OUT=results/training_smollm2_r512_vs_dflash HELDOUT=results/heldout_tau/smollm2_r512_vs_dflash.json "
-     "bash scripts/train_dspark_vs_dflash.sh"),
+     R512_PAIR),
     ("compare_smollm2_r512_tau/compare.md",
      "The rank-512 DSpark drafter and the DFlash baseline on the evaluation sets: tau and per-position acceptance "
      "(8 prompts per set)",
-     "RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 SEQUENTIAL=1 TAG=-topk64-v2 ARGS=teacher_topk=64 "
-     "OUT=results/training_smollm2_cheaper_step HELDOUT=results/heldout_tau/smollm2_cheaper_step.json "
-     "bash scripts/train_dspark_vs_dflash.sh && RUNS=/work/runs EXAMPLES=1024 STEPS=1200 EVERY=300 VARIANTS=dspark "
-     "DFLASH_TAG=-topk64-v2 TAG=-topk64-r512 ARGS=teacher_topk=64 DSPARK_ARGS=markov_rank=512 "
-     "OUT=results/training_smollm2_r512_vs_dflash HELDOUT=results/heldout_tau/smollm2_r512_vs_dflash.json "
-     "bash scripts/train_dspark_vs_dflash.sh" + " && OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct "
+     R512_PAIR + " && OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct "
      "--drafter r512=/work/runs/dspark-topk64-r512-1024-1200/final --drafter "
      "dflash=/work/runs/dflash-topk64-v2-1024-1200/final --limit 8 --max-new-tokens 64 --speed-prompts 0 "
      "--prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_r512_tau"),
