@@ -14,6 +14,8 @@ same micro-batches (loss, backward, optimizer step; the target's forward is in t
 
 The settings alternate step by step; process CPU seconds per step, median over `--steps` after `--warmup`. Prints a
 Markdown table with each setting's ratio to `dflash` and writes `results.json` / `results.md` under `--out`.
+`--profile N` then runs N more steps of each setting under the torch profiler and adds where each setting's CPU time
+goes beyond `dflash`'s: self CPU milliseconds per step by operator and input shapes, the largest differences first.
 The feature cache must exist (the first call of train_dspark_vs_dflash.sh builds it; so does this script, slowly).
 """
 
@@ -68,6 +70,37 @@ def step(trainer, index: int) -> float:
     return time.process_time() - start
 
 
+def profile_ops(trainer, first: int, steps: int) -> dict[str, float]:
+    """Self CPU milliseconds per step of each (operator, input shapes) over `steps` profiled steps."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for i in range(first, first + steps):
+            step(trainer, i)
+    out: dict[str, float] = {}
+    for event in prof.key_averages(group_by_input_shape=True):
+        key = f"{event.key} {event.input_shapes}" if event.input_shapes else event.key
+        out[key] = out.get(key, 0.0) + event.self_cpu_time_total / 1000.0 / steps
+    return out
+
+
+def profile_table(ops: dict[str, dict[str, float]], rows: int = 12) -> list[str]:
+    """Markdown: per setting, the operators whose self CPU time per step exceeds `dflash`'s the most."""
+    base = ops.get("dflash", {})
+    lines: list[str] = []
+    for setting, table in ops.items():
+        if setting == "dflash":
+            continue
+        diff = {k: table.get(k, 0.0) - base.get(k, 0.0) for k in set(table) | set(base)}
+        total = sum(table.values()) - sum(base.values())
+        lines += ["", f"`{setting}` against `dflash`: {total:+.0f} ms of self CPU time per step in all; the largest "
+                  f"differences (operator, input shapes):", "",
+                  f"| operator | {setting} ms / step | dflash ms / step | difference |", "|---|---|---|---|"]
+        for key in sorted(diff, key=lambda k: -abs(diff[k]))[:rows]:
+            lines.append(f"| `{key[:110]}` | {table.get(key, 0.0):.1f} | {base.get(key, 0.0):.1f} | {diff[key]:+.1f} |")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--config", default="examples/configs/smollm2-135m-dspark-long.yaml")
@@ -79,9 +112,13 @@ def main() -> None:
     parser.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=SETTINGS)
     parser.add_argument("--scratch", default="/tmp/bench_train_step")
     parser.add_argument("--out", type=Path, default=None)
+    parser.add_argument("--profile", type=int, default=0, metavar="N",
+                        help="then profile N steps of each setting: where its CPU time goes beyond dflash's")
     args = parser.parse_args()
-    if args.steps < 1 or args.warmup < 0:
-        parser.error("--steps must be >= 1 and --warmup >= 0")
+    if args.steps < 1 or args.warmup < 0 or args.profile < 0:
+        parser.error("--steps must be >= 1, --warmup and --profile >= 0")
+    if args.profile and "dflash" not in args.settings:
+        parser.error("--profile compares with dflash: keep it in --settings")
     trainers = {s: make_trainer(s, args) for s in args.settings}
     times: dict[str, list[float]] = {s: [] for s in args.settings}
     for i in range(args.warmup + args.steps):
@@ -99,12 +136,20 @@ def main() -> None:
     for s in args.settings:
         ratio = f"{med[s] / base:.2f}x" if base else "-"
         lines.append(f"| {s} | {med[s]:.3f} | {ratio} |")
+    ops: dict[str, dict[str, float]] = {}
+    if args.profile:
+        for s, trainer in trainers.items():
+            ops[s] = profile_ops(trainer, args.warmup + args.steps, args.profile)
+        lines += ["", f"Profiled: {args.profile} more steps of each setting (torch profiler, one setting after the "
+                  f"other; profiling slows every operator, so compare within a column pair)."]
+        lines += profile_table(ops)
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out is not None:
         args.out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(args.out / "results.json", {"settings": vars(args) | {"out": str(args.out)},
-                                                      "seconds": times, "median": med, "provenance": provenance()})
+                                                      "seconds": times, "median": med, "profile_ms_per_step": ops,
+                                                      "provenance": provenance()})
         prov = provenance()
         atomic_write_text(args.out / "results.md", text + f"\nDevice: {prov['device']}; torch {prov['torch']}; "
                           f"commit `{prov['git_commit']}`.\n")

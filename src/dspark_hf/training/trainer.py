@@ -504,7 +504,8 @@ class DSparkTrainer:
         features = None
         if drafter.markov_head is not None:
             bias, features = drafter.markov_head.teacher_forced(drafter.to_draft_inputs(prev), hidden)
-            logits = logits + bias.float()
+            logits = logits.add_(bias.float())  # in place: no second [N, K, Vd] tensor (the product's backward needs
+            # its inputs, not its output, so autograd allows it; the same values as an out-of-place add)
         conf_logits = drafter.confidence_head(hidden, features) if drafter.confidence_head is not None else None
         with torch.no_grad():
             b_idx = sel.nonzero()[:, 0]
