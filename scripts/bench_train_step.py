@@ -15,7 +15,7 @@ same micro-batches (loss, backward, optimizer step; the target's forward is in t
 The settings alternate step by step; process CPU seconds per step, median over `--steps` after `--warmup`. Prints a
 Markdown table with each setting's ratio to `dflash` and writes `results.json` / `results.md` under `--out`.
 `--profile N` then runs N more steps of each setting under the torch profiler and adds where each setting's CPU time
-goes beyond `dflash`'s: self CPU milliseconds per step by operator and input shapes, the largest differences first.
+goes beyond `dflash`'s: self CPU milliseconds per step by operator, the largest differences first.
 The feature cache must exist (the first call of train_dspark_vs_dflash.sh builds it; so does this script, slowly).
 """
 
@@ -71,17 +71,14 @@ def step(trainer, index: int) -> float:
 
 
 def profile_ops(trainer, first: int, steps: int) -> dict[str, float]:
-    """Self CPU milliseconds per step of each (operator, input shapes) over `steps` profiled steps."""
+    """Self CPU milliseconds per step of each operator over `steps` profiled steps."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
         for i in range(first, first + steps):
             step(trainer, i)
     out: dict[str, float] = {}
-    for event in prof.key_averages(group_by_input_shape=True):
-        key = f"{event.key} {event.input_shapes}" if event.input_shapes else event.key
-        out[key] = out.get(key, 0.0) + event.self_cpu_time_total / 1000.0 / steps
-    return out
+    return {event.key: event.self_cpu_time_total / 1000.0 / steps for event in prof.key_averages()}
 
 
 def profile_table(ops: dict[str, dict[str, float]], rows: int = 12) -> list[str]:
@@ -94,7 +91,7 @@ def profile_table(ops: dict[str, dict[str, float]], rows: int = 12) -> list[str]
         diff = {k: table.get(k, 0.0) - base.get(k, 0.0) for k in set(table) | set(base)}
         total = sum(table.values()) - sum(base.values())
         lines += ["", f"`{setting}` against `dflash`: {total:+.0f} ms of self CPU time per step in all; the largest "
-                  f"differences (operator, input shapes):", "",
+                  f"differences by operator:", "",
                   f"| operator | {setting} ms / step | dflash ms / step | difference |", "|---|---|---|---|"]
         for key in sorted(diff, key=lambda k: -abs(diff[k]))[:rows]:
             lines.append(f"| `{key[:110]}` | {table.get(key, 0.0):.1f} | {base.get(key, 0.0):.1f} | {diff[key]:+.1f} |")

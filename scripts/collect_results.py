@@ -33,7 +33,7 @@ CHEAPER_PAIR = (_PAIR_CACHED + "OUT=results/training_smollm2_cheaper_step "
 R512_PAIR = (CHEAPER_PAIR + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-topk64-v2 TAG=-topk64-r512 "
              "ARGS=teacher_topk=64 DSPARK_ARGS=markov_rank=512 OUT=results/training_smollm2_r512_vs_dflash "
              "HELDOUT=results/heldout_tau/smollm2_r512_vs_dflash.json bash scripts/train_dspark_vs_dflash.sh")
-R512_SEED1 = (_PAIR + "TAG=-s1-topk64-r512 ARGS='seed=1 teacher_topk=64' DSPARK_ARGS=markov_rank=512 "
+R512_SEED1 = (_PAIR + "PREFILL=300 TAG=-s1-topk64-r512 ARGS='seed=1 teacher_topk=64' DSPARK_ARGS=markov_rank=512 "
               "OUT=results/training_smollm2_r512_seed1 HELDOUT=results/heldout_tau/smollm2_r512_seed1.json "
               "bash scripts/train_dspark_vs_dflash.sh")
 TOPK64_SEED1 = (_PAIR + "VARIANTS=dspark DFLASH_TAG=-s1 TAG=-s1-topk64 ARGS=seed=1 DSPARK_ARGS=teacher_topk=64 "
@@ -1038,13 +1038,19 @@ SECTIONS = [
      "--prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_r512_tau"),
     ("training_smollm2_r512_seed1/training.md",
      "The rank-512 recipe on a second seed: DSpark (rank 512) and DFlash with seed 1 side by side, one core each, the "
-     "sparse teacher's cached entries read by both (issue 14 part 3)",
+     "sparse teacher's entries cached before the pair by 300 steps of a throwaway run and read by both (issue 14 "
+     "part 3)",
      R512_SEED1),
     ("heldout_tau/smollm2_r512_seed1.md", "Those final drafters on all 96 held-out prompts, per source family",
      R512_SEED1),
     ("train_step_cost/results.md",
      "The CPU cost of one training step, DSpark and DFlash, today's paths and the ones they replaced, side by side",
      "OMP_NUM_THREADS=1 python scripts/bench_train_step.py --set teacher_topk=64 --out results/train_step_cost"),
+    ("train_step_cost_profile/results.md",
+     "Where a DSpark training step's CPU time goes beyond a DFlash one's (after the in-place Markov bias; the DSpark "
+     "run of the rank-512 seed-1 pair on the other core, so the profiled columns carry that noise)",
+     "OMP_NUM_THREADS=1 python scripts/bench_train_step.py --set teacher_topk=64 --settings dspark dflash --steps 12 "
+     "--warmup 3 --profile 6 --out results/train_step_cost_profile"),
     ("teacher_topk/smollm2/mass.md",
      "How much of the target's next-token mass a sparse teacher of k draft ids keeps (the slack of the sparse TV "
      "bound; issue 14 part 3)",
