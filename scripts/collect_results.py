@@ -36,6 +36,11 @@ R512_PAIR = (CHEAPER_PAIR + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-topk64
 R512_SEED1 = (_PAIR + "PREFILL=300 TAG=-s1-topk64-r512 ARGS='seed=1 teacher_topk=64' DSPARK_ARGS=markov_rank=512 "
               "OUT=results/training_smollm2_r512_seed1 HELDOUT=results/heldout_tau/smollm2_r512_seed1.json "
               "bash scripts/train_dspark_vs_dflash.sh")
+LOSS_WEIGHTS = {name: (R512_SEED1 + " && " + _PAIR + f"VARIANTS=dspark DFLASH_TAG=-s1-topk64-r512 TAG=-s1-topk64-r512-{name} "
+                        f"ARGS='seed=1 teacher_topk=64' DSPARK_ARGS='markov_rank=512 {arg}' "
+                        f"OUT=results/training_smollm2_loss_weights_{name} "
+                        f"HELDOUT=results/heldout_tau/smollm2_loss_weights_{name}.json bash scripts/train_dspark_vs_dflash.sh")
+                for name, arg in (("ce1", "alpha_ce=1.0"), ("conf01", "alpha_conf=0.1"))}
 TOPK64_SEED1 = (_PAIR + "VARIANTS=dspark DFLASH_TAG=-s1 TAG=-s1-topk64 ARGS=seed=1 DSPARK_ARGS=teacher_topk=64 "
                 "OUT=results/training_smollm2_topk64_seed1 HELDOUT=results/heldout_tau/smollm2_topk64_seed1.json "
                 "bash scripts/train_dspark_vs_dflash.sh")
@@ -1043,6 +1048,18 @@ SECTIONS = [
      R512_SEED1),
     ("heldout_tau/smollm2_r512_seed1.md", "Those final drafters on all 96 held-out prompts, per source family",
      R512_SEED1),
+    ("training_smollm2_loss_weights_ce1/training.md",
+     "DSpark's loss weights, one at a time (rank-512 seed-1 recipe, against its DFlash run): the CE weight 1.0 instead "
+     "of the paper's 0.1 (TV 0.9 and confidence 1.0 kept), the same batches",
+     LOSS_WEIGHTS["ce1"]),
+    ("heldout_tau/smollm2_loss_weights_ce1.md", "That drafter and DFlash on all 96 held-out prompts",
+     LOSS_WEIGHTS["ce1"]),
+    ("training_smollm2_loss_weights_conf01/training.md",
+     "The confidence weight 0.1 instead of 1.0 (CE 0.1 and TV 0.9 kept): how much the confidence head's BCE, which "
+     "reaches the backbone, costs the drafts",
+     LOSS_WEIGHTS["conf01"]),
+    ("heldout_tau/smollm2_loss_weights_conf01.md", "That drafter and DFlash on all 96 held-out prompts",
+     LOSS_WEIGHTS["conf01"]),
     ("train_step_cost/results.md",
      "The CPU cost of one training step, DSpark and DFlash, today's paths and the ones they replaced, side by side",
      "OMP_NUM_THREADS=1 python scripts/bench_train_step.py --set teacher_topk=64 --out results/train_step_cost"),

@@ -448,7 +448,10 @@ def test_under_load_the_loop_drafts_chains_while_no_branch_is_verified(monkeypat
         grown.clear()
         out = dspark_hf.generate(target, drafter, ids, mask, max_new_tokens=30, policy="scheduled",
                                  sps=lambda b: 1.0 / (1.0 + 0.3 * b), tree_budget=6, idle_backoff=backoff,
-                                 count_round_overhead=False, record_rounds=True, return_dict_in_generate=True)
+                                 count_round_overhead=False, record_rounds=True, return_dict_in_generate=True,
+                                 measured_cost=False)  # the stated curve, not one corrected by timed forwards:
+        # this test's decisions must not follow the machine's load (with the correction a branch was verified once
+        # in a full-suite run next to two training jobs)
         for row, prompt in enumerate(PROMPTS[:2]):
             assert generated_rows(out, ids.shape[1])[row] == _reference("llama", tuple(prompt))[:30]
         drafted = [r for r in out.rounds if r.tree_verified is not None]
