@@ -1054,6 +1054,12 @@ SECTIONS = [
      LOSS_WEIGHTS["ce1"]),
     ("heldout_tau/smollm2_loss_weights_ce1.md", "That drafter and DFlash on all 96 held-out prompts",
      LOSS_WEIGHTS["ce1"]),
+    ("training_smollm2_loss_weights_ce1_seed0/README.md",
+     "CE weight 1.0 on seed 0: the DSpark run only, against the cheaper-step pair's seed-0 DFlash run (its held-out "
+     "tau along the way; the 96-prompt step and the training report not run yet)",
+     CHEAPER_PAIR + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-topk64-v2 TAG=-topk64-r512-ce1 ARGS=teacher_topk=64 "
+     "DSPARK_ARGS='markov_rank=512 alpha_ce=1.0' OUT=results/training_smollm2_loss_weights_ce1_seed0 "
+     "HELDOUT=results/heldout_tau/smollm2_loss_weights_ce1_seed0.json bash scripts/train_dspark_vs_dflash.sh"),
     ("training_smollm2_loss_weights_conf01/training.md",
      "The confidence weight 0.1 instead of 1.0 (CE 0.1 and TV 0.9 kept): how much the confidence head's BCE, which "
      "reaches the backbone, costs the drafts",
