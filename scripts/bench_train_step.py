@@ -77,7 +77,6 @@ def profile_ops(trainer, first: int, steps: int) -> dict[str, float]:
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for i in range(first, first + steps):
             step(trainer, i)
-    out: dict[str, float] = {}
     return {event.key: event.self_cpu_time_total / 1000.0 / steps for event in prof.key_averages()}
 
 

@@ -1056,7 +1056,7 @@ SECTIONS = [
      LOSS_WEIGHTS["ce1"]),
     ("training_smollm2_loss_weights_ce1_seed0/README.md",
      "CE weight 1.0 on seed 0: the DSpark run only, against the cheaper-step pair's seed-0 DFlash run (its held-out "
-     "tau along the way; the 96-prompt step and the training report not run yet)",
+     "tau along the way and on all 96 prompts; the training report not run yet)",
      CHEAPER_PAIR + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-topk64-v2 TAG=-topk64-r512-ce1 ARGS=teacher_topk=64 "
      "DSPARK_ARGS='markov_rank=512 alpha_ce=1.0' OUT=results/training_smollm2_loss_weights_ce1_seed0 "
      "HELDOUT=results/heldout_tau/smollm2_loss_weights_ce1_seed0.json bash scripts/train_dspark_vs_dflash.sh"),
