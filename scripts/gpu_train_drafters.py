@@ -88,6 +88,7 @@ import subprocess
 import sys
 import tarfile
 import time
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -117,6 +118,39 @@ PRESETS: dict[str, dict[str, Any]] = {
 
 class InputError(Exception):
     """A missing or malformed input, reported before any model loads."""
+
+
+# training-config fields `run` sets from its own flags: `--set` may not change them behind those flags' backs
+RUN_FLAGS = {"batch_size": "--batch-size", "num_anchors": "--num-anchors", "learning_rate": "--learning-rate",
+             "max_steps": "--max-steps", "time_budget_seconds": "--budget", "eval_every": "--eval-every",
+             "save_every": "--save-every", "output_dir": "--work", "eval_num_prompts": "the manifest's held-out ids",
+             "mixed_precision": "the device (bf16 on a GPU)", "variant": "--runs", "target": "the manifest",
+             "data_dir": "--data"}
+
+
+def parse_settings(items: list[str], runs: list[str]) -> dict[str, Any]:
+    """`--set KEY=VALUE` items as training-config fields for every run (values read as YAML, as `dspark-hf train`
+    reads its overrides), checked against `DSparkTrainingConfig` with each run's preset before any model loads."""
+    from dspark_hf.training.config import DSparkTrainingConfig, _parse_value
+
+    known = {f.name for f in fields(DSparkTrainingConfig)}
+    settings: dict[str, Any] = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key:
+            raise InputError(f"--set {item!r}: expected KEY=VALUE, e.g. --set alpha_ce=1.0")
+        if key in RUN_FLAGS:
+            raise InputError(f"--set {key}: set by {RUN_FLAGS[key]}, not by --set")
+        if key not in known:
+            raise InputError(f"--set {key}: not a training-config field; valid: {sorted(known - set(RUN_FLAGS))}")
+        settings[key] = _parse_value(text)
+    for name in runs:
+        try:
+            DSparkTrainingConfig(**{**COMMON, **PRESETS[name], **settings})
+        except (TypeError, ValueError) as err:
+            raise InputError(f"--set {settings} makes run {name!r} invalid: {err}") from err
+    return settings
 
 
 # ---------------------------------------------------------------------------------------------- helpers
@@ -423,6 +457,7 @@ def run(args: argparse.Namespace) -> int:
     for d in args.data.split(","):
         if not Path(d).is_dir():
             raise InputError(f"data folder {d} not found")
+    settings = parse_settings(args.set, runs)
     import torch
 
     summary.phase("start", device=args.device, cuda=torch.cuda.is_available(),
@@ -470,10 +505,12 @@ def run(args: argparse.Namespace) -> int:
                "--num-anchors", str(args.num_anchors), "--learning-rate", str(args.learning_rate),
                "--eval-every", str(args.eval_every), "--save-every", str(args.save_every),
                "--max-steps", str(args.max_steps)]
+        if settings:
+            cmd += ["--preset-overrides", json.dumps(settings)]
         log = open(run_dir / "worker.log", "w")
         procs[name] = (subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ,
                                         "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": str(args.threads)}), log)
-    summary.phase("workers started", runs=runs, data=data, budget_seconds=round(budget))
+    summary.phase("workers started", runs=runs, data=data, budget_seconds=round(budget), settings=settings)
     hard_stop = summary.start + args.hard_stop
     last_report = 0.0
     while any(p.poll() is None for p, _ in procs.values()):
@@ -686,6 +723,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     r.add_argument("--generate-seconds", type=float, default=240.0, help="wall seconds of answering at most")
     r.add_argument("--generate-batch-size", type=int, default=256)
     r.add_argument("--generate-max-new-tokens", type=int, default=256)
+    r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                   help="a training-config field for every run, replacing the preset's (repeatable), e.g. "
+                        "--set alpha_ce=1.0: the CE weight that beat the paper's 0.1 on CPU pairs (docs/goals.md)")
     for q in (r,):
         q.add_argument("--data", default="data/smollm2-135m-12k,data/smollm2-135m")
         q.add_argument("--runs", default="dspark,dflash,dspark-2l")

@@ -82,7 +82,7 @@ def test_run_trains_the_runs_side_by_side_and_unpack_gives_loadable_drafters(lea
                       str(lease / "target"), "--data", str(lease / "data"), "--runs", "dspark,dflash",
                       "--out", str(out), "--work", str(lease / "work"), "--budget", "6", "--batch-size", "4",
                       "--num-anchors", "8", "--eval-every", "5", "--save-every", "1000", "--threads", "1",
-                      "--report-every", "1", "--device", "cpu"])
+                      "--report-every", "1", "--device", "cpu", "--set", "alpha_ce=1.0", "--set", "markov_rank=24"])
     assert rc == 0, (lease / "work" / "dspark" / "worker.log").read_text()[-2000:]
     files = sorted(p.name for p in out.iterdir())
     assert len(files) <= 8 and "summary.json" in files and "drafters.tar.part01" in files
@@ -100,11 +100,35 @@ def test_run_trains_the_runs_side_by_side_and_unpack_gives_loadable_drafters(lea
     for name, head in (("dspark", "markov"), ("dflash", "none")):
         drafter = DSparkDrafter.from_pretrained(dest / name, target=target)
         assert drafter.config.sequential_head == head
+        trained = json.loads((dest / name / "training_config.json").read_text())["config"]
+        assert trained["alpha_ce"] == 1.0 and trained["markov_rank"] == 24  # --set reached every run
         assert (dest / name / "log.jsonl").exists() and (dest / name / "heldout.jsonl").exists()
+    assert drafter_rank(dest / "dspark") == 24
+    assert summary["phases"]["workers started"]["settings"] == {"alpha_ce": 1.0, "markov_rank": 24}
     # a damaged part is refused, not unpacked into a half-written folder
     (out / "drafters.tar.part00").write_bytes(b"broken")
     assert script.main(["unpack", "--files", str(out), "--dest", str(lease / "again")]) == 2
     assert not (lease / "again").exists()
+
+
+def drafter_rank(folder: Path) -> int:
+    return json.loads((folder / "config.json").read_text())["markov_rank"]
+
+
+@pytest.mark.parametrize("item, message", [
+    ("batch_size=8", "set by --batch-size"),
+    ("alpha=1.0", "not a training-config field"),
+    ("alpha_ce", "expected KEY=VALUE"),
+    ("teacher_topk=0", "teacher_topk must be >= 1"),
+])
+def test_run_refuses_a_bad_setting_before_any_model_loads(lease, capsys, item, message):
+    script = _script()
+    _prepare(script, lease)
+    rc = script.main(["run", "--manifest", str(lease / "gpu" / "manifest.json"), "--target-dir",
+                      str(lease / "target"), "--data", str(lease / "data"), "--runs", "dspark", "--out",
+                      str(lease / "OUT"), "--work", str(lease / "work"), "--device", "cpu", "--set", item])
+    assert rc == 2 and message in capsys.readouterr().err
+    assert not (lease / "work").exists()  # refused before the target was read or a worker started
 
 
 def test_run_refuses_a_target_that_is_not_the_cpus(lease):
