@@ -41,6 +41,18 @@ LOSS_WEIGHTS = {name: (R512_SEED1 + " && " + _PAIR + f"VARIANTS=dspark DFLASH_TA
                         f"OUT=results/training_smollm2_loss_weights_{name} "
                         f"HELDOUT=results/heldout_tau/smollm2_loss_weights_{name}.json bash scripts/train_dspark_vs_dflash.sh")
                 for name, arg in (("ce1", "alpha_ce=1.0"), ("conf01", "alpha_conf=0.1"))}
+LOSS_WEIGHTS["ce1_conf01"] = (
+    R512_SEED1 + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-s1-topk64-r512 TAG=-s1-topk64-r512-ce1conf01 "
+    "ARGS='seed=1 teacher_topk=64' DSPARK_ARGS='markov_rank=512 alpha_ce=1.0 alpha_conf=0.1' "
+    "OUT=results/training_smollm2_loss_weights_ce1_conf01 "
+    "HELDOUT=results/heldout_tau/smollm2_loss_weights_ce1_conf01.json bash scripts/train_dspark_vs_dflash.sh")
+LOSS_WEIGHTS_TAU = (
+    " && ".join(LOSS_WEIGHTS[k] for k in ("ce1", "conf01")) + " && OMP_NUM_THREADS=1 dspark-hf compare "
+    "--target smollm2-135m-instruct --drafter paper=/work/runs/dspark-s1-topk64-r512-1024-1200/final "
+    "--drafter ce1=/work/runs/dspark-s1-topk64-r512-ce1-1024-1200/final "
+    "--drafter conf01=/work/runs/dspark-s1-topk64-r512-conf01-1024-1200/final "
+    "--drafter dflash=/work/runs/dflash-s1-topk64-r512-1024-1200/final --limit 16 --max-new-tokens 64 "
+    "--speed-prompts 0 --prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_loss_weights_tau")
 TOPK64_SEED1 = (_PAIR + "VARIANTS=dspark DFLASH_TAG=-s1 TAG=-s1-topk64 ARGS=seed=1 DSPARK_ARGS=teacher_topk=64 "
                 "OUT=results/training_smollm2_topk64_seed1 HELDOUT=results/heldout_tau/smollm2_topk64_seed1.json "
                 "bash scripts/train_dspark_vs_dflash.sh")
@@ -1066,6 +1078,16 @@ SECTIONS = [
      LOSS_WEIGHTS["conf01"]),
     ("heldout_tau/smollm2_loss_weights_conf01.md", "That drafter and DFlash on all 96 held-out prompts",
      LOSS_WEIGHTS["conf01"]),
+    ("compare_smollm2_loss_weights_tau/compare.md",
+     "The seed-1 drafters of the loss-weight ablations and their DFlash baseline on the evaluation sets: tau and "
+     "per-position acceptance, 16 prompts per set",
+     LOSS_WEIGHTS_TAU),
+    ("training_smollm2_loss_weights_ce1_conf01/training.md",
+     "Both changes at once: CE weight 1.0 and confidence weight 0.1 (TV 0.9 kept), rank-512 seed-1 recipe, against "
+     "its DFlash run (the same batches)",
+     LOSS_WEIGHTS["ce1_conf01"]),
+    ("heldout_tau/smollm2_loss_weights_ce1_conf01.md", "That drafter and DFlash on all 96 held-out prompts",
+     LOSS_WEIGHTS["ce1_conf01"]),
     ("train_step_cost/results.md",
      "The CPU cost of one training step, DSpark and DFlash, today's paths and the ones they replaced, side by side",
      "OMP_NUM_THREADS=1 python scripts/bench_train_step.py --set teacher_topk=64 --out results/train_step_cost"),

@@ -406,6 +406,24 @@ def test_training_lowers_the_loss_and_raises_measured_tau(tmp_path):
     assert measured_tau(target, reloaded, heldout) == pytest.approx(trained_tau)
 
 
+@pytest.mark.parametrize("detach", [False, True])
+def test_detached_confidence_inputs_keep_the_bce_out_of_the_drafts(tmp_path, detach):
+    target = make_target("llama")
+    config = tiny_config(tmp_path, alpha_ce=0.0, alpha_tv=0.0, alpha_conf=1.0, detach_confidence_inputs=detach)
+    torch.manual_seed(0)
+    drafter = build_drafter(config, target)
+    trainer = DSparkTrainer(config, target, learnable_examples(target, count=20), drafter=drafter, progress=False)
+    out = trainer.compute_loss(trainer.micro_batch(0), 0)
+    assert float(out.conf.detach()) > 0
+    out.total.backward()
+    reached = {n for n, p in drafter.named_parameters() if p.grad is not None and bool(p.grad.abs().sum() > 0)}
+    assert reached and all(n.startswith("confidence_head.") for n in reached) == detach, sorted(reached)
+    assert any(n.startswith("confidence_head.") for n in reached)
+    # the markov head's W1 and the backbone's layers: reached only when trained end to end
+    assert any(n.startswith("layers.") for n in reached) != detach
+    assert any(n.startswith("markov_head.") for n in reached) != detach
+
+
 def test_dflash_variant_has_no_heads_and_uses_ce_only(tmp_path):
     target = make_target("llama")
     config = tiny_config(tmp_path, variant="dflash", max_steps=3)

@@ -42,6 +42,7 @@ class DSparkTrainingConfig:
     alpha_ce: float = field(default=0.1, metadata={"help": "weight of the cross-entropy term"})
     alpha_tv: float = field(default=0.9, metadata={"help": "weight of the total-variation term"})
     alpha_conf: float = field(default=1.0, metadata={"help": "weight of the confidence BCE term"})
+    detach_confidence_inputs: bool = field(default=False, metadata={"help": "train the confidence head on detached inputs: its BCE fits the head alone and never reaches the backbone or the Markov head's W1 (the paper trains end to end: False)"})
     loss_decay: float | None = field(default=None, metadata={"help": "gamma of w_k = exp(-(k-1)/gamma); default: block_size"})
     # ---- optimisation
     learning_rate: float = field(default=6e-4, metadata={"help": "peak learning rate (AdamW)"})
