@@ -46,6 +46,34 @@ LOSS_WEIGHTS["ce1_conf01"] = (
     "ARGS='seed=1 teacher_topk=64' DSPARK_ARGS='markov_rank=512 alpha_ce=1.0 alpha_conf=0.1' "
     "OUT=results/training_smollm2_loss_weights_ce1_conf01 "
     "HELDOUT=results/heldout_tau/smollm2_loss_weights_ce1_conf01.json bash scripts/train_dspark_vs_dflash.sh")
+LOSS_WEIGHTS["conf_detach"] = (
+    R512_SEED1 + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-s1-topk64-r512 TAG=-s1-topk64-r512-confdetach "
+    "ARGS='seed=1 teacher_topk=64' DSPARK_ARGS='markov_rank=512 detach_confidence_inputs=true' "
+    "OUT=results/training_smollm2_loss_weights_conf_detach "
+    "HELDOUT=results/heldout_tau/smollm2_loss_weights_conf_detach.json bash scripts/train_dspark_vs_dflash.sh")
+CONF_DETACH_SEED0 = (
+    CHEAPER_PAIR + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-topk64-v2 TAG=-topk64-r512-confdetach "
+    "ARGS=teacher_topk=64 DSPARK_ARGS='markov_rank=512 detach_confidence_inputs=true' "
+    "OUT=results/training_smollm2_loss_weights_conf_detach_seed0 "
+    "HELDOUT=results/heldout_tau/smollm2_loss_weights_conf_detach_seed0.json bash scripts/train_dspark_vs_dflash.sh")
+CE1_SEED0 = (
+    CHEAPER_PAIR + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-topk64-v2 TAG=-topk64-r512-ce1 ARGS=teacher_topk=64 "
+    "DSPARK_ARGS='markov_rank=512 alpha_ce=1.0' OUT=results/training_smollm2_loss_weights_ce1_seed0 "
+    "HELDOUT=results/heldout_tau/smollm2_loss_weights_ce1_seed0.json bash scripts/train_dspark_vs_dflash.sh")
+LOSS_WEIGHTS_TAU2 = (
+    " && ".join(LOSS_WEIGHTS[k] for k in ("ce1_conf01", "conf_detach")) + " && OMP_NUM_THREADS=1 dspark-hf compare "
+    "--target smollm2-135m-instruct --drafter ce1conf01=/work/runs/dspark-s1-topk64-r512-ce1conf01-1024-1200/final "
+    "--drafter confdetach=/work/runs/dspark-s1-topk64-r512-confdetach-1024-1200/final "
+    "--drafter dflash=/work/runs/dflash-s1-topk64-r512-1024-1200/final --limit 16 --max-new-tokens 64 "
+    "--speed-prompts 0 --prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_loss_weights_tau2")
+LOSS_WEIGHTS_CALIBRATION = {
+    name: (LOSS_WEIGHTS.get(key, R512_SEED1) + f" && OMP_NUM_THREADS=1 dspark-hf calibrate --drafter "
+           f"/work/runs/{run}-1024-1200/final --target smollm2-135m-instruct --prompts data/heldout_prompts.jsonl "
+           f"--limit 48 --fit-fraction 0.5 --max-new-tokens 64 --batch-size 16 --out /work/runs/calibrated-{run} "
+           f"--report-dir results/calibration_loss_weights/{name}")
+    for name, key, run in (("paper", "", "dspark-s1-topk64-r512"), ("ce1", "ce1", "dspark-s1-topk64-r512-ce1"),
+                           ("conf01", "conf01", "dspark-s1-topk64-r512-conf01"),
+                           ("confdetach", "conf_detach", "dspark-s1-topk64-r512-confdetach"))}
 LOSS_WEIGHTS_TAU = (
     " && ".join(LOSS_WEIGHTS[k] for k in ("ce1", "conf01")) + " && OMP_NUM_THREADS=1 dspark-hf compare "
     "--target smollm2-135m-instruct --drafter paper=/work/runs/dspark-s1-topk64-r512-1024-1200/final "
@@ -1088,6 +1116,30 @@ SECTIONS = [
      LOSS_WEIGHTS["ce1_conf01"]),
     ("heldout_tau/smollm2_loss_weights_ce1_conf01.md", "That drafter and DFlash on all 96 held-out prompts",
      LOSS_WEIGHTS["ce1_conf01"]),
+    ("compare_smollm2_loss_weights_tau2/compare.md",
+     "Both weight changes at once and the detached confidence head on the evaluation sets, with the same DFlash "
+     "baseline (16 prompts per set)",
+     LOSS_WEIGHTS_TAU2),
+    ("training_smollm2_loss_weights_conf_detach/training.md",
+     "The confidence head trained on detached inputs (`detach_confidence_inputs=true`: its BCE fits the head alone and "
+     "never reaches the backbone or the Markov head), the paper's weights otherwise, rank-512 seed-1 recipe, against its "
+     "DFlash run",
+     LOSS_WEIGHTS["conf_detach"]),
+    ("heldout_tau/smollm2_loss_weights_conf_detach.md", "That drafter and DFlash on all 96 held-out prompts",
+     LOSS_WEIGHTS["conf_detach"]),
+    ("training_smollm2_loss_weights_conf_detach_seed0/training.md",
+     "The detached confidence head on seed 0, against the seed-0 DFlash run (trained again on the same VM this "
+     "session, bit for bit the earlier one)",
+     CONF_DETACH_SEED0),
+    ("heldout_tau/smollm2_loss_weights_conf_detach_seed0.md", "That drafter and DFlash on all 96 held-out prompts",
+     CONF_DETACH_SEED0),
+    ("training_smollm2_loss_weights_ce1_seed0/training.md",
+     "CE weight 1.0 on seed 0: the training report against the seed-0 DFlash run, both on the same VM",
+     CE1_SEED0 + " && dspark-hf training-report --run dspark-topk64-r512-ce1=/work/runs/dspark-topk64-r512-ce1-1024-1200 "
+     "--run dflash-topk64-v2=/work/runs/dflash-topk64-v2-1024-1200 --out results/training_smollm2_loss_weights_ce1_seed0"),
+    *[(f"calibration_loss_weights/{name}/calibration.md",
+       f"The confidence head of the seed-1 `{name}` drafter: STS calibration on held-out prompts (24 fit, 24 measure)",
+       command) for name, command in LOSS_WEIGHTS_CALIBRATION.items()],
     ("train_step_cost/results.md",
      "The CPU cost of one training step, DSpark and DFlash, today's paths and the ones they replaced, side by side",
      "OMP_NUM_THREADS=1 python scripts/bench_train_step.py --set teacher_topk=64 --out results/train_step_cost"),
