@@ -73,6 +73,7 @@ LOSS_WEIGHTS_CALIBRATION = {
            f"--report-dir results/calibration_loss_weights/{name}")
     for name, key, run in (("paper", "", "dspark-s1-topk64-r512"), ("ce1", "ce1", "dspark-s1-topk64-r512-ce1"),
                            ("conf01", "conf01", "dspark-s1-topk64-r512-conf01"),
+                           ("ce1conf01", "ce1_conf01", "dspark-s1-topk64-r512-ce1conf01"),
                            ("confdetach", "conf_detach", "dspark-s1-topk64-r512-confdetach"))}
 LOSS_WEIGHTS_TAU = (
     " && ".join(LOSS_WEIGHTS[k] for k in ("ce1", "conf01")) + " && OMP_NUM_THREADS=1 dspark-hf compare "
