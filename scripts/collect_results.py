@@ -1121,6 +1121,12 @@ SECTIONS = [
      "Both weight changes at once and the detached confidence head on the evaluation sets, with the same DFlash "
      "baseline (16 prompts per set)",
      LOSS_WEIGHTS_TAU2),
+    ("compare_smollm2_loss_weights_tau/decomposition.md",
+     "Where DSpark's gain over DFlash on the evaluation sets comes from: the first draft or the drafts after it, "
+     "rebuilt from the per-position acceptance of both compare runs",
+     LOSS_WEIGHTS_TAU + " && " + LOSS_WEIGHTS_TAU2 + " && python scripts/acceptance_decomposition.py "
+     "results/compare_smollm2_loss_weights_tau/compare.json results/compare_smollm2_loss_weights_tau2/compare.json "
+     "--baseline dflash --goal 1.15 --out results/compare_smollm2_loss_weights_tau/decomposition.md"),
     ("training_smollm2_loss_weights_conf_detach/training.md",
      "The confidence head trained on detached inputs (`detach_confidence_inputs=true`: its BCE fits the head alone and "
      "never reaches the backbone or the Markov head), the paper's weights otherwise, rank-512 seed-1 recipe, against its "

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import (batch_oracle, dflash_drafter, greedy_reference, left_pad, make_drafter, make_target,
-                      make_tokenizer, require_package)
+                      load_script, make_tokenizer, require_package)
 from dspark_hf.evaluation.compare import compare, count_forwards, forward_counted_tau, write_comparison
 
 
@@ -272,3 +272,23 @@ def test_compare_times_lookup_drafts_alone_and_before_a_drafter_on_a_prepacked_g
     with pytest.raises(ValueError, match="lookup_branches must be a node count >= 1 and needs lookup"):
         compare("t", {"dspark": str(tmp_path / "dspark")}, ["humaneval"], preloaded={"t": (target, tok)},
                 progress=False, lookup_branches=8)
+
+
+def test_acceptance_decomposition_rebuilds_tau_and_splits_the_gain_between_first_and_later_drafts(tmp_path):
+    script = load_script("acceptance_decomposition")
+    nan = float("nan")
+    base_p, own_p = [0.25, 0.2, nan], [0.25, 0.6, 0.5]  # the same first draft, better later drafts
+    run = {"datasets": ["a"], "methods": ["m", "b"], "results": [
+        {"method": "b", "dataset": "a", "tau": 1.0 + 0.25 * 1.2, "conditional_acceptance": base_p},
+        {"method": "m", "dataset": "a", "tau": 1.0 + 0.25 * (1 + 0.6 + 0.3), "conditional_acceptance": own_p}]}
+    (tmp_path / "compare.json").write_text(json.dumps(run))
+    (row,) = script.decompose([run], "b", 1.5)
+    assert row["rebuilt"] == pytest.approx(row["measured"]) == pytest.approx(1.475 / 1.3)
+    assert row["later_only"] == pytest.approx(row["rebuilt"])  # equal first drafts: all of the gain is later
+    # 1.5x of 1.3 = 1.95 = 1.25 + 0.25 * 0.9 * x
+    assert row["later_factor_for_goal"] == pytest.approx((1.95 - 1.25) / (0.25 * 0.9))
+    out = tmp_path / "d.md"
+    assert script.main([str(tmp_path / "compare.json"), "--baseline", "b", "--goal", "1.5", "--out", str(out)]) == 0
+    assert "| m | 1.135x | 1.135x | 1.135x | 0.250 / 0.250 | 3.11 |" in out.read_text()
+    with pytest.raises(SystemExit, match="baseline 'x'"):
+        script.decompose([run], "x", 1.15)
