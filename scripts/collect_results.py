@@ -66,6 +66,14 @@ LOSS_WEIGHTS_TAU2 = (
     "--drafter confdetach=/work/runs/dspark-s1-topk64-r512-confdetach-1024-1200/final "
     "--drafter dflash=/work/runs/dflash-s1-topk64-r512-1024-1200/final --limit 16 --max-new-tokens 64 "
     "--speed-prompts 0 --prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_loss_weights_tau2")
+LOSS_WEIGHTS_TAU_SEED0 = (
+    CE1_SEED0 + " && " + CONF_DETACH_SEED0 + " && OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct "
+    "--drafter ce1=/work/runs/dspark-topk64-r512-ce1-1024-1200/final --drafter "
+    "confdetach=/work/runs/dspark-topk64-r512-confdetach-1024-1200/final --drafter "
+    "dflash=/work/runs/dflash-topk64-v2-1024-1200/final --limit 16 --max-new-tokens 64 --speed-prompts 0 "
+    "--prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_loss_weights_tau_seed0 && python "
+    "scripts/acceptance_decomposition.py results/compare_smollm2_loss_weights_tau_seed0/compare.json --out "
+    "results/compare_smollm2_loss_weights_tau_seed0/decomposition.md")
 LOSS_WEIGHTS_CALIBRATION = {
     name: (LOSS_WEIGHTS.get(key, R512_SEED1) + f" && OMP_NUM_THREADS=1 dspark-hf calibrate --drafter "
            f"/work/runs/{run}-1024-1200/final --target smollm2-135m-instruct --prompts data/heldout_prompts.jsonl "
@@ -1143,18 +1151,10 @@ SECTIONS = [
     ("compare_smollm2_loss_weights_tau_seed0/compare.md",
      "The seed-0 CE-1.0 and detached-confidence drafters and the seed-0 DFlash run on the evaluation sets (16 prompts "
      "a set)",
-     CE1_SEED0 + " && " + CONF_DETACH_SEED0 + " && OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct "
-     "--drafter ce1=/work/runs/dspark-topk64-r512-ce1-1024-1200/final --drafter "
-     "confdetach=/work/runs/dspark-topk64-r512-confdetach-1024-1200/final --drafter "
-     "dflash=/work/runs/dflash-topk64-v2-1024-1200/final --limit 16 --max-new-tokens 64 --speed-prompts 0 "
-     "--prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_loss_weights_tau_seed0 && python "
-     "scripts/acceptance_decomposition.py results/compare_smollm2_loss_weights_tau_seed0/compare.json --out "
-     "results/compare_smollm2_loss_weights_tau_seed0/decomposition.md"),
+     LOSS_WEIGHTS_TAU_SEED0),
     ("compare_smollm2_loss_weights_tau_seed0/decomposition.md",
      "Seed 0: the first draft's and the later drafts' share of the gain on the evaluation sets",
-     CE1_SEED0 + " && " + CONF_DETACH_SEED0 + " && (the compare command above) && python "
-     "scripts/acceptance_decomposition.py results/compare_smollm2_loss_weights_tau_seed0/compare.json --out "
-     "results/compare_smollm2_loss_weights_tau_seed0/decomposition.md"),
+     LOSS_WEIGHTS_TAU_SEED0),
     ("training_smollm2_loss_weights_ce1_seed0/training.md",
      "CE weight 1.0 on seed 0: the training report against the seed-0 DFlash run, both on the same VM",
      CE1_SEED0 + " && dspark-hf training-report --run dspark-topk64-r512-ce1=/work/runs/dspark-topk64-r512-ce1-1024-1200 "
