@@ -63,9 +63,10 @@ and make call 2 (carry .gpu/target.gguf.part01 .gpu/target.gguf.part02 .gpu/mani
     #    puts them in a new data folder (its manifest records the GPU as the device; greedy float32 answers, which
     #    can differ from the CPU's where two logits nearly tie).
 
-`run --set KEY=VALUE` (repeatable) changes a training-config field of every run, e.g. `--set alpha_ce=1.0`: the CE
-weight that beat the paper's 0.1 on the CPU pairs (docs/goals.md, "DSpark against DFlash, every pair"); fields `run`
-sets from its own flags are refused, and every run's config is checked before any model loads.
+`run --set KEY=VALUE` (repeatable) changes a training-config field of every run, e.g. `--set alpha_ce=1.0` or
+`--set detach_confidence_inputs=true`: the two changes that beat the paper's recipe on held-out prompts in the CPU
+pairs, though not on the evaluation sets (docs/goals.md, "DSpark against DFlash, every pair"); fields `run` sets
+from its own flags are refused, and every run's config is checked before any model loads.
 
 `run`, in order, writing `summary.json` / `summary.md` to `--out` after every phase (a call cut short still returns
 what finished): assemble the GGUF (sha256 checked), convert it to a float32 folder and check the fingerprint, with
