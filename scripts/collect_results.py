@@ -83,6 +83,13 @@ LOSS_WEIGHTS_CALIBRATION = {
                            ("conf01", "conf01", "dspark-s1-topk64-r512-conf01"),
                            ("ce1conf01", "ce1_conf01", "dspark-s1-topk64-r512-ce1conf01"),
                            ("confdetach", "conf_detach", "dspark-s1-topk64-r512-confdetach"))}
+LOSS_WEIGHTS_CALIBRATION.update({
+    f"{name}-seed0": (command + f" && OMP_NUM_THREADS=1 dspark-hf calibrate --drafter /work/runs/{run}-1024-1200/final "
+                      f"--target smollm2-135m-instruct --prompts data/heldout_prompts.jsonl --limit 48 --fit-fraction 0.5 "
+                      f"--max-new-tokens 64 --batch-size 16 --out /work/runs/calibrated-{run} "
+                      f"--report-dir results/calibration_loss_weights/{name}-seed0")
+    for name, command, run in (("ce1", CE1_SEED0, "dspark-topk64-r512-ce1"),
+                               ("confdetach", CONF_DETACH_SEED0, "dspark-topk64-r512-confdetach"))})
 LOSS_WEIGHTS_TAU = (
     " && ".join(LOSS_WEIGHTS[k] for k in ("ce1", "conf01")) + " && OMP_NUM_THREADS=1 dspark-hf compare "
     "--target smollm2-135m-instruct --drafter paper=/work/runs/dspark-s1-topk64-r512-1024-1200/final "
@@ -1160,7 +1167,8 @@ SECTIONS = [
      CE1_SEED0 + " && dspark-hf training-report --run dspark-topk64-r512-ce1=/work/runs/dspark-topk64-r512-ce1-1024-1200 "
      "--run dflash-topk64-v2=/work/runs/dflash-topk64-v2-1024-1200 --out results/training_smollm2_loss_weights_ce1_seed0"),
     *[(f"calibration_loss_weights/{name}/calibration.md",
-       f"The confidence head of the seed-1 `{name}` drafter: STS calibration on held-out prompts (24 fit, 24 measure)",
+       f"The confidence head of the `{name.removesuffix('-seed0')}` drafter, seed {0 if name.endswith('-seed0') else 1}: "
+       "STS calibration on held-out prompts (24 fit, 24 measure)",
        command) for name, command in LOSS_WEIGHTS_CALIBRATION.items()],
     ("train_step_cost/results.md",
      "The CPU cost of one training step, DSpark and DFlash, today's paths and the ones they replaced, side by side",
