@@ -36,30 +36,30 @@ R512_PAIR = (CHEAPER_PAIR + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-topk64
 R512_SEED1 = (_PAIR + "PREFILL=300 TAG=-s1-topk64-r512 ARGS='seed=1 teacher_topk=64' DSPARK_ARGS=markov_rank=512 "
               "OUT=results/training_smollm2_r512_seed1 HELDOUT=results/heldout_tau/smollm2_r512_seed1.json "
               "bash scripts/train_dspark_vs_dflash.sh")
-LOSS_WEIGHTS = {name: (R512_SEED1 + " && " + _PAIR + f"VARIANTS=dspark DFLASH_TAG=-s1-topk64-r512 TAG=-s1-topk64-r512-{name} "
-                        f"ARGS='seed=1 teacher_topk=64' DSPARK_ARGS='markov_rank=512 {arg}' "
-                        f"OUT=results/training_smollm2_loss_weights_{name} "
-                        f"HELDOUT=results/heldout_tau/smollm2_loss_weights_{name}.json bash scripts/train_dspark_vs_dflash.sh")
-                for name, arg in (("ce1", "alpha_ce=1.0"), ("conf01", "alpha_conf=0.1"))}
-LOSS_WEIGHTS["ce1_conf01"] = (
-    R512_SEED1 + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-s1-topk64-r512 TAG=-s1-topk64-r512-ce1conf01 "
-    "ARGS='seed=1 teacher_topk=64' DSPARK_ARGS='markov_rank=512 alpha_ce=1.0 alpha_conf=0.1' "
-    "OUT=results/training_smollm2_loss_weights_ce1_conf01 "
-    "HELDOUT=results/heldout_tau/smollm2_loss_weights_ce1_conf01.json bash scripts/train_dspark_vs_dflash.sh")
-LOSS_WEIGHTS["conf_detach"] = (
-    R512_SEED1 + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-s1-topk64-r512 TAG=-s1-topk64-r512-confdetach "
-    "ARGS='seed=1 teacher_topk=64' DSPARK_ARGS='markov_rank=512 detach_confidence_inputs=true' "
-    "OUT=results/training_smollm2_loss_weights_conf_detach "
-    "HELDOUT=results/heldout_tau/smollm2_loss_weights_conf_detach.json bash scripts/train_dspark_vs_dflash.sh")
-CONF_DETACH_SEED0 = (
-    CHEAPER_PAIR + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-topk64-v2 TAG=-topk64-r512-confdetach "
-    "ARGS=teacher_topk=64 DSPARK_ARGS='markov_rank=512 detach_confidence_inputs=true' "
-    "OUT=results/training_smollm2_loss_weights_conf_detach_seed0 "
-    "HELDOUT=results/heldout_tau/smollm2_loss_weights_conf_detach_seed0.json bash scripts/train_dspark_vs_dflash.sh")
-CE1_SEED0 = (
-    CHEAPER_PAIR + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-topk64-v2 TAG=-topk64-r512-ce1 ARGS=teacher_topk=64 "
-    "DSPARK_ARGS='markov_rank=512 alpha_ce=1.0' OUT=results/training_smollm2_loss_weights_ce1_seed0 "
-    "HELDOUT=results/heldout_tau/smollm2_loss_weights_ce1_seed0.json bash scripts/train_dspark_vs_dflash.sh")
+def _variant(before: str, dflash_tag: str, tag: str, args: str, dspark_args: str, name: str) -> str:
+    """A DSpark run against the DFlash run of an earlier pair (`before`, the command that trains it)."""
+    return (before + " && " + _PAIR + f"VARIANTS=dspark DFLASH_TAG={dflash_tag} TAG={tag} ARGS={args} "
+            f"DSPARK_ARGS='{dspark_args}' OUT=results/training_smollm2_loss_weights_{name} "
+            f"HELDOUT=results/heldout_tau/smollm2_loss_weights_{name}.json bash scripts/train_dspark_vs_dflash.sh")
+
+
+def _calibrate(before: str, run: str, name: str) -> str:
+    """`dspark-hf calibrate` on 48 held-out prompts (24 fit STS, 24 measure it) of the drafter in /work/runs/<run>."""
+    return (before + f" && OMP_NUM_THREADS=1 dspark-hf calibrate --drafter /work/runs/{run}-1024-1200/final "
+            f"--target smollm2-135m-instruct --prompts data/heldout_prompts.jsonl --limit 48 --fit-fraction 0.5 "
+            f"--max-new-tokens 64 --batch-size 16 --out /work/runs/calibrated-{run} "
+            f"--report-dir results/calibration_loss_weights/{name}")
+
+
+LOSS_WEIGHTS = {name: _variant(R512_SEED1, "-s1-topk64-r512", f"-s1-topk64-r512-{tag}", "'seed=1 teacher_topk=64'",
+                               f"markov_rank=512 {arg}", name)
+                for name, tag, arg in (("ce1", "ce1", "alpha_ce=1.0"), ("conf01", "conf01", "alpha_conf=0.1"),
+                                       ("ce1_conf01", "ce1conf01", "alpha_ce=1.0 alpha_conf=0.1"),
+                                       ("conf_detach", "confdetach", "detach_confidence_inputs=true"))}
+CONF_DETACH_SEED0 = _variant(CHEAPER_PAIR, "-topk64-v2", "-topk64-r512-confdetach", "teacher_topk=64",
+                             "markov_rank=512 detach_confidence_inputs=true", "conf_detach_seed0")
+CE1_SEED0 = _variant(CHEAPER_PAIR, "-topk64-v2", "-topk64-r512-ce1", "teacher_topk=64", "markov_rank=512 alpha_ce=1.0",
+                     "ce1_seed0")
 LOSS_WEIGHTS_TAU2 = (
     " && ".join(LOSS_WEIGHTS[k] for k in ("ce1_conf01", "conf_detach")) + " && OMP_NUM_THREADS=1 dspark-hf compare "
     "--target smollm2-135m-instruct --drafter ce1conf01=/work/runs/dspark-s1-topk64-r512-ce1conf01-1024-1200/final "
@@ -75,19 +75,13 @@ LOSS_WEIGHTS_TAU_SEED0 = (
     "scripts/acceptance_decomposition.py results/compare_smollm2_loss_weights_tau_seed0/compare.json --out "
     "results/compare_smollm2_loss_weights_tau_seed0/decomposition.md")
 LOSS_WEIGHTS_CALIBRATION = {
-    name: (LOSS_WEIGHTS.get(key, R512_SEED1) + f" && OMP_NUM_THREADS=1 dspark-hf calibrate --drafter "
-           f"/work/runs/{run}-1024-1200/final --target smollm2-135m-instruct --prompts data/heldout_prompts.jsonl "
-           f"--limit 48 --fit-fraction 0.5 --max-new-tokens 64 --batch-size 16 --out /work/runs/calibrated-{run} "
-           f"--report-dir results/calibration_loss_weights/{name}")
+    name: _calibrate(LOSS_WEIGHTS.get(key, R512_SEED1), run, name)
     for name, key, run in (("paper", "", "dspark-s1-topk64-r512"), ("ce1", "ce1", "dspark-s1-topk64-r512-ce1"),
                            ("conf01", "conf01", "dspark-s1-topk64-r512-conf01"),
                            ("ce1conf01", "ce1_conf01", "dspark-s1-topk64-r512-ce1conf01"),
                            ("confdetach", "conf_detach", "dspark-s1-topk64-r512-confdetach"))}
 LOSS_WEIGHTS_CALIBRATION.update({
-    f"{name}-seed0": (command + f" && OMP_NUM_THREADS=1 dspark-hf calibrate --drafter /work/runs/{run}-1024-1200/final "
-                      f"--target smollm2-135m-instruct --prompts data/heldout_prompts.jsonl --limit 48 --fit-fraction 0.5 "
-                      f"--max-new-tokens 64 --batch-size 16 --out /work/runs/calibrated-{run} "
-                      f"--report-dir results/calibration_loss_weights/{name}-seed0")
+    f"{name}-seed0": _calibrate(command, run, f"{name}-seed0")
     for name, command, run in (("ce1", CE1_SEED0, "dspark-topk64-r512-ce1"),
                                ("confdetach", CONF_DETACH_SEED0, "dspark-topk64-r512-confdetach"))})
 LOSS_WEIGHTS_TAU = (
@@ -1113,9 +1107,7 @@ SECTIONS = [
     ("training_smollm2_loss_weights_ce1_seed0/README.md",
      "CE weight 1.0 on seed 0: the DSpark run only, against the cheaper-step pair's seed-0 DFlash run (its held-out "
      "tau along the way and on all 96 prompts; the training report not run yet)",
-     CHEAPER_PAIR + " && " + _PAIR + "VARIANTS=dspark DFLASH_TAG=-topk64-v2 TAG=-topk64-r512-ce1 ARGS=teacher_topk=64 "
-     "DSPARK_ARGS='markov_rank=512 alpha_ce=1.0' OUT=results/training_smollm2_loss_weights_ce1_seed0 "
-     "HELDOUT=results/heldout_tau/smollm2_loss_weights_ce1_seed0.json bash scripts/train_dspark_vs_dflash.sh"),
+     CE1_SEED0),
     ("training_smollm2_loss_weights_conf01/training.md",
      "The confidence weight 0.1 instead of 1.0 (CE 0.1 and TV 0.9 kept): how much the confidence head's BCE, which "
      "reaches the backbone, costs the drafts",

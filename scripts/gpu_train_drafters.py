@@ -134,22 +134,21 @@ RUN_FLAGS = {"batch_size": "--batch-size", "num_anchors": "--num-anchors", "lear
 
 
 def parse_settings(items: list[str], runs: list[str]) -> dict[str, Any]:
-    """`--set KEY=VALUE` items as training-config fields for every run (values read as YAML, as `dspark-hf train`
-    reads its overrides), checked against `DSparkTrainingConfig` with each run's preset before any model loads."""
-    from dspark_hf.training.config import DSparkTrainingConfig, _parse_value
+    """`--set KEY=VALUE` items as training-config fields for every run (values read as `dspark-hf train` reads its
+    overrides), checked against `DSparkTrainingConfig` with each run's preset before any model loads."""
+    from dspark_hf.training.config import DSparkTrainingConfig, parse_override
 
     known = {f.name for f in fields(DSparkTrainingConfig)}
     settings: dict[str, Any] = {}
     for item in items:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
+        key, value = parse_override(item)
+        if "=" not in item or not key:
             raise InputError(f"--set {item!r}: expected KEY=VALUE, e.g. --set alpha_ce=1.0")
         if key in RUN_FLAGS:
             raise InputError(f"--set {key}: set by {RUN_FLAGS[key]}, not by --set")
         if key not in known:
             raise InputError(f"--set {key}: not a training-config field; valid: {sorted(known - set(RUN_FLAGS))}")
-        settings[key] = _parse_value(text)
+        settings[key] = value
     for name in runs:
         try:
             DSparkTrainingConfig(**{**COMMON, **PRESETS[name], **settings})
@@ -730,7 +729,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     r.add_argument("--generate-max-new-tokens", type=int, default=256)
     r.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                    help="a training-config field for every run, replacing the preset's (repeatable), e.g. "
-                        "--set alpha_ce=1.0: the CE weight that beat the paper's 0.1 on CPU pairs (docs/goals.md)")
+                        "--set alpha_ce=1.0 (measured on CPU pairs: docs/goals.md)")
     for q in (r,):
         q.add_argument("--data", default="data/smollm2-135m-12k,data/smollm2-135m")
         q.add_argument("--runs", default="dspark,dflash,dspark-2l")

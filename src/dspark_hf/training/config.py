@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-__all__ = ["LR_SCHEDULES", "VARIANTS", "DSparkTrainingConfig", "load_training_config"]
+__all__ = ["LR_SCHEDULES", "VARIANTS", "DSparkTrainingConfig", "load_training_config", "parse_override"]
 
 VARIANTS = ("dspark", "dflash")
 LR_SCHEDULES = ("cosine", "wsd", "constant")
@@ -136,6 +136,18 @@ def _parse_value(text: str) -> Any:
     return yaml.safe_load(text)
 
 
+def _string_fields() -> set[str]:
+    return {f.name for f in fields(DSparkTrainingConfig) if f.type in ("str", "str | None", str)}
+
+
+def parse_override(token: str) -> tuple[str, Any]:
+    """`key=value` as a config key and its value: YAML for most fields, the text as written for str-typed ones (YAML
+    would read `mixed_precision=no` as False)."""
+    key, _, text = token.partition("=")
+    key, text = key.strip(), text.strip()
+    return key, (text if key in _string_fields() and text else _parse_value(text))
+
+
 def load_training_config(argv: list[str] | None = None, prog: str = "dspark-hf train") -> DSparkTrainingConfig:
     """Builds the config from `--config FILE.yaml`, `key=value` overrides and `--key value` flags (`--help` lists
     them under the program name `prog`)."""
@@ -144,7 +156,7 @@ def load_training_config(argv: list[str] | None = None, prog: str = "dspark-hf t
 
     argv = list(argv or [])
     known = {f.name for f in fields(DSparkTrainingConfig)}
-    string_fields = {f.name for f in fields(DSparkTrainingConfig) if f.type in ("str", "str | None", str)}
+    string_fields = _string_fields()
     values: dict[str, Any] = {}
     if "--config" in argv:
         i = argv.index("--config")
@@ -162,10 +174,8 @@ def load_training_config(argv: list[str] | None = None, prog: str = "dspark-hf t
     flags = []
     for token in argv:
         if "=" in token and not token.startswith("-"):
-            key, _, text = token.partition("=")
-            key = key.strip()
-            # str-typed fields keep the text as written (YAML would read `mixed_precision=no` as False)
-            values[key] = text.strip() if key in string_fields and text.strip() else _parse_value(text)
+            key, value = parse_override(token)
+            values[key] = value
         else:
             flags.append(token)
     for key in string_fields & set(values):  # YAML files: `no` / `off` read as booleans, `1e-3` as numbers

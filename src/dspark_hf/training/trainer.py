@@ -506,12 +506,11 @@ class DSparkTrainer:
             bias, features = drafter.markov_head.teacher_forced(drafter.to_draft_inputs(prev), hidden)
             logits = logits.add_(bias.float())  # in place: no second [N, K, Vd] tensor (the product's backward needs
             # its inputs, not its output, so autograd allows it; the same values as an out-of-place add)
-        conf_logits = None
-        if drafter.confidence_head is not None:
-            if self.config.detach_confidence_inputs:  # the BCE fits the head only, the drafts see none of it
-                conf_logits = drafter.confidence_head(hidden.detach(), None if features is None else features.detach())
-            else:
-                conf_logits = drafter.confidence_head(hidden, features)
+        conf_hidden, conf_features = hidden, features
+        if self.config.detach_confidence_inputs:  # the BCE fits the head only, the drafts see none of it
+            conf_hidden, conf_features = hidden.detach(), None if features is None else features.detach()
+        conf_logits = (drafter.confidence_head(conf_hidden, conf_features)
+                       if drafter.confidence_head is not None else None)
         with torch.no_grad():
             b_idx = sel.nonzero()[:, 0]
             t = feats.final_hidden.shape[1]
