@@ -74,6 +74,17 @@ LOSS_WEIGHTS_TAU_SEED0 = (
     "--prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_loss_weights_tau_seed0 && python "
     "scripts/acceptance_decomposition.py results/compare_smollm2_loss_weights_tau_seed0/compare.json --out "
     "results/compare_smollm2_loss_weights_tau_seed0/decomposition.md")
+CONF_DETACH_2400 = ("RUNS=/work/runs EXAMPLES=1024 STEPS=2400 EVERY=600 TAG=-topk64-r512-confdetach "
+                    "ARGS=teacher_topk=64 DSPARK_ARGS='markov_rank=512 detach_confidence_inputs=true' "
+                    "OUT=results/training_smollm2_conf_detach_2400 "
+                    "HELDOUT=results/heldout_tau/smollm2_conf_detach_2400.json bash scripts/train_dspark_vs_dflash.sh")
+CONF_DETACH_2400_TAU = (
+    CONF_DETACH_2400 + " && OMP_NUM_THREADS=1 dspark-hf compare --target smollm2-135m-instruct --drafter "
+    "confdetach2400=/work/runs/dspark-topk64-r512-confdetach-1024-2400/final --drafter "
+    "dflash2400=/work/runs/dflash-topk64-r512-confdetach-1024-2400/final --limit 16 --max-new-tokens 64 "
+    "--speed-prompts 0 --prompt-lookup 0 --prepack --gqa-attention --out results/compare_smollm2_conf_detach_2400_tau "
+    "&& python scripts/acceptance_decomposition.py results/compare_smollm2_conf_detach_2400_tau/compare.json "
+    "--baseline dflash2400 --goal 1.15 --out results/compare_smollm2_conf_detach_2400_tau/decomposition.md")
 LOSS_WEIGHTS_CALIBRATION = {
     name: _calibrate(LOSS_WEIGHTS.get(key, R512_SEED1), run, name)
     for name, key, run in (("paper", "", "dspark-s1-topk64-r512"), ("ce1", "ce1", "dspark-s1-topk64-r512-ce1"),
@@ -1154,6 +1165,16 @@ SECTIONS = [
     ("compare_smollm2_loss_weights_tau_seed0/decomposition.md",
      "Seed 0: the first draft's and the later drafts' share of the gain on the evaluation sets",
      LOSS_WEIGHTS_TAU_SEED0),
+    ("training_smollm2_conf_detach_2400/training.md",
+     "Twice the budget: the seed-0 detached-head pair trained for 2,400 steps each (the same 1,024 examples, the WSD "
+     "schedule decaying over the last 480 steps), DSpark and DFlash side by side",
+     CONF_DETACH_2400),
+    ("heldout_tau/smollm2_conf_detach_2400.md", "That pair's drafters on all 96 held-out prompts", CONF_DETACH_2400),
+    ("compare_smollm2_conf_detach_2400_tau/compare.md",
+     "That pair on the evaluation sets (16 prompts a set)", CONF_DETACH_2400_TAU),
+    ("compare_smollm2_conf_detach_2400_tau/decomposition.md",
+     "At 2,400 steps: the first draft's and the later drafts' share of the gain on the evaluation sets",
+     CONF_DETACH_2400_TAU),
     ("training_smollm2_loss_weights_ce1_seed0/training.md",
      "CE weight 1.0 on seed 0: the training report against the seed-0 DFlash run, both on the same VM",
      CE1_SEED0 + " && dspark-hf training-report --run dspark-topk64-r512-ce1=/work/runs/dspark-topk64-r512-ce1-1024-1200 "
