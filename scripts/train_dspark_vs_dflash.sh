@@ -15,6 +15,8 @@
 #   RUNS=/work/runs STEPS=1200 EVERY=300 TAG=-rnn DSPARK_ARGS="sequential_head=rnn" VARIANTS=dspark DFLASH_TAG= ...
 #       (VARIANTS=dspark trains only the DSpark run and compares it with the DFlash run of DFLASH_TAG, trained by an
 #       earlier call with the same EXAMPLES, STEPS and ARGS: another head against the same baseline)
+#   DFLASH_TAG also names the DFlash run's folder when both variants train (default: TAG), e.g. TAG=-r512-cd
+#       DFLASH_TAG=-topk64 keeps DSpark-only settings out of the baseline's name
 #   SEQUENTIAL=1 trains the variants one after the other (one core), e.g. while another job holds the other core
 #   PREFILL=300 first runs 300 steps of a throwaway DFlash run with ARGS (two threads; 300 x 4 sequences cover the
 #       1,024 examples), so a sparse teacher's top-k entries (`teacher_topk`) are cached before the pair starts and
@@ -50,19 +52,22 @@ if [ -n "${PREFILL:-}" ]; then
   OMP_NUM_THREADS=2 dspark-hf train "${common[@]}" variant=dflash "${both_args[@]}" eval_every=100000 \
       "stop_at_step=$PREFILL" "output_dir=$RUNS/teacher-prefill$TAG" > "$RUNS/teacher-prefill$TAG.log" 2>&1
 fi
+run_name() { if [ "$1" = dflash ]; then echo "dflash$DFLASH_TAG"; else echo "$1$TAG"; fi; }
 for variant in "${variants[@]}"; do
   extra=("${both_args[@]}")
   [ "$variant" = dspark ] && extra+=("${dspark_args[@]}")
-  dspark-hf train "${common[@]}" "variant=$variant" "${extra[@]}" "output_dir=$RUNS/$variant$TAG-$EXAMPLES-$STEPS" \
-      > "$RUNS/$variant$TAG-$EXAMPLES-$STEPS.log" 2>&1 &
+  run=$(run_name "$variant")
+  dspark-hf train "${common[@]}" "variant=$variant" "${extra[@]}" "output_dir=$RUNS/$run-$EXAMPLES-$STEPS" \
+      > "$RUNS/$run-$EXAMPLES-$STEPS.log" 2>&1 &
   if [ -n "$SEQUENTIAL" ]; then wait; fi  # one after the other on one core (another job holds the other)
 done
 wait
 # both final drafters at once (one core each), then one table
 for variant in "${variants[@]}"; do
+  run=$(run_name "$variant")
   python scripts/heldout_tau.py --target smollm2-135m-instruct --num-prompts "$FINAL_PROMPTS" --threads 1 \
-      --order "$ORDER" --by-source --drafter "$variant$TAG=$RUNS/$variant$TAG-$EXAMPLES-$STEPS/final" \
-      --out "$RUNS/heldout-$variant$TAG-$EXAMPLES-$STEPS.json" > "$RUNS/heldout-$variant$TAG-$EXAMPLES-$STEPS.log" 2>&1 &
+      --order "$ORDER" --by-source --drafter "$run=$RUNS/$run-$EXAMPLES-$STEPS/final" \
+      --out "$RUNS/heldout-$run-$EXAMPLES-$STEPS.json" > "$RUNS/heldout-$run-$EXAMPLES-$STEPS.log" 2>&1 &
 done
 wait
 python scripts/heldout_tau.py --merge "$RUNS/heldout-dspark$TAG-$EXAMPLES-$STEPS.json" \
