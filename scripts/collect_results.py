@@ -43,11 +43,13 @@ def _variant(before: str, dflash_tag: str, tag: str, args: str, dspark_args: str
             f"HELDOUT=results/heldout_tau/smollm2_loss_weights_{name}.json bash scripts/train_dspark_vs_dflash.sh")
 
 
-def _calibrate(before: str, run: str, name: str) -> str:
-    """`dspark-hf calibrate` on 48 held-out prompts (24 fit STS, 24 measure it) of the drafter in /work/runs/<run>."""
-    return (before + f" && OMP_NUM_THREADS=1 dspark-hf calibrate --drafter /work/runs/{run}-1024-1200/final "
+def _calibrate(before: str, run: str, name: str, size: str = "1024-1200") -> str:
+    """`dspark-hf calibrate` on 48 held-out prompts (24 fit STS, 24 measure it) of the drafter in
+    /work/runs/<run>-<size> (size: examples-steps)."""
+    out = f"/work/runs/calibrated-{run}" + ("" if size == "1024-1200" else f"-{size}")
+    return (before + f" && OMP_NUM_THREADS=1 dspark-hf calibrate --drafter /work/runs/{run}-{size}/final "
             f"--target smollm2-135m-instruct --prompts data/heldout_prompts.jsonl --limit 48 --fit-fraction 0.5 "
-            f"--max-new-tokens 64 --batch-size 16 --out /work/runs/calibrated-{run} "
+            f"--max-new-tokens 64 --batch-size 16 --out {out} "
             f"--report-dir results/calibration_loss_weights/{name}")
 
 
@@ -1175,6 +1177,10 @@ SECTIONS = [
     ("compare_smollm2_conf_detach_2400_tau/decomposition.md",
      "At 2,400 steps: the first draft's and the later drafts' share of the gain on the evaluation sets",
      CONF_DETACH_2400_TAU),
+    ("calibration_loss_weights/confdetach-2400/calibration.md",
+     "The confidence head of that 2,400-step detached-head drafter: STS calibration on held-out prompts (24 fit, 24 "
+     "measure)",
+     _calibrate(CONF_DETACH_2400, "dspark-topk64-r512-confdetach", "confdetach-2400", size="1024-2400")),
     ("training_smollm2_loss_weights_ce1_seed0/training.md",
      "CE weight 1.0 on seed 0: the training report against the seed-0 DFlash run, both on the same VM",
      CE1_SEED0 + " && dspark-hf training-report --run dspark-topk64-r512-ce1=/work/runs/dspark-topk64-r512-ce1-1024-1200 "
