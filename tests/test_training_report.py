@@ -9,7 +9,8 @@ from dspark_hf.evaluation.training_report import report
 
 def _run(folder, variant, taus):
     folder.mkdir()
-    cfg = {"data_dir": str(folder / "no-data"), "variant": variant, "block_size": 2, "max_steps": len(taus) * 10}
+    cfg = {"data_dir": str(folder / "no-data"), "variant": variant, "block_size": 2, "max_steps": len(taus) * 10,
+           "batch_size": 4}
     prov = {"device": "cpu", "torch": "t", "transformers": "x"}
     (folder / "training_config.json").write_text(json.dumps(
         {"config": cfg, "provenance": prov, "train_examples": 90, "heldout_examples": 2}))
@@ -45,7 +46,10 @@ def test_report_adds_the_heldout_learning_curve_when_runs_measured_it(tmp_path):
         for i, (s, tau, acc) in enumerate([(10, 1.25, 0.2), (20, 1.75, 0.5)], start=1)))
     out = report({"dspark": a, "dflash": b}, tmp_path / "out")
     md = (out / "training.md").read_text()
-    assert "| dspark | 10 | 0.50 | - | 1.250 | 0.200 |" in md and "| dspark | 20 | 1.00 | - | 1.750 | 0.500 |" in md
+    # next to each evaluation, the expected tau on training batches over the 50 steps up to it, and the ratio
+    assert "| dspark | 10 | 0.50 | - | 1.250 | 0.200 | 1.00 | 0.80x |" in md
+    assert "| dspark | 20 | 1.00 | - | 1.750 | 0.500 | 1.25 | 0.71x |" in md
+    assert "| epochs (steps trained x batch_size / train examples) | 0.9 | 0.9 |" in md  # 20 steps x 4 / 90
     held = md.split("Held-out tau along the way")[1].split("At equal steps")[0]
     assert "| dflash |" not in held  # b measured nothing held out
     assert json.loads((out / "training.json").read_text())["heldout"]["dspark"][1]["heldout_tau"] == 1.75
@@ -150,3 +154,14 @@ def test_a_run_that_logged_steps_twice_is_read_once_per_step_the_last_record_win
     run = read_run(folder)
     assert [(r["step"], r["expected_tau"]) for r in run["log"]] == [(10, 1.0), (20, 1.25), (30, 1.45)]
     assert run["heldout"] == [{"step": 20, "heldout_tau": 1.2}]
+
+
+def test_a_run_read_from_an_older_report_shows_its_training_tau_at_its_last_evaluation_only(tmp_path):
+    a = _run(tmp_path / "a", "dspark", [1.0, 1.5, 2.0])
+    (a / "heldout.jsonl").write_text("".join(json.dumps(
+        {"step": s, "train_seconds": 60.0 * s, "heldout_tau": 1.5, "heldout_accept@1": 0.3}) + "\n" for s in (10, 30)))
+    old = report({"dspark": a}, tmp_path / "old")
+    md = (report({"dspark": f"{old / 'training.json'}#dspark"}, tmp_path / "new") / "training.md").read_text()
+    assert "| dspark | 10 | 0.17 | - | 1.500 | 0.300 | - | - |" in md  # the per-step log is not in the report
+    assert "| dspark | 30 | 0.50 | - | 1.500 | 0.300 | 1.50 | 1.00x |" in md  # its last-50-step average
+    assert "| epochs (steps trained x batch_size / train examples) | 1.3 |" in md

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import statistics
 from pathlib import Path
 
@@ -81,10 +82,19 @@ def _keep_logs(label: str, run: dict, out: Path) -> None:
     atomic_write_text(folder / "heldout.jsonl", "".join(json.dumps(r) + "\n" for r in run["heldout"]))
 
 
-def _tail_mean(records: list[dict], key: str, last_steps: int = 50) -> float:
-    end = records[-1]["step"]
-    vals = [r[key] for r in records if r["step"] > end - last_steps and key in r]
+def _tail_mean(records: list[dict], key: str, last_steps: int = 50, end: int | None = None) -> float:
+    """Mean of `key` over the records of the `last_steps` steps up to step `end` (default: the last one logged)."""
+    end = records[-1]["step"] if end is None else end
+    vals = [r[key] for r in records if end - last_steps < r["step"] <= end and key in r]
     return statistics.mean(vals) if vals else float("nan")
+
+
+def _epochs(run: dict) -> str:
+    """Passes over the training examples so far: steps trained x batch size / training examples ("-" unknown)."""
+    examples, batch = run["config"].get("train_examples"), run["config"]["config"].get("batch_size")
+    if not examples or not batch or not run["log"]:
+        return "-"
+    return f"{run['log'][-1]['step'] * int(batch) / int(examples):.1f}"
 
 
 def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
@@ -111,6 +121,8 @@ def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
         lines.append(f"| {key} | " + " | ".join(str(r["config"]["config"].get(key)) for r in loaded.values()) + " |")
     lines.append("| train / held-out examples | " + " | ".join(
         f"{r['config']['train_examples']} / {r['config']['heldout_examples']}" for r in loaded.values()) + " |")
+    lines.append("| epochs (steps trained x batch_size / train examples) | " + " | ".join(
+        _epochs(r) for r in loaded.values()) + " |")
     k = max(int(r["config"]["config"]["block_size"]) for r in loaded.values())
     lines += ["", "Last 50 steps, on training batches (c* = 1 - TV(p_draft, p_target) per slot):", "",
               "| run | steps | loss | CE | expected tau | " + " | ".join(f"c*@{j + 1}" for j in range(k)) + " |",
@@ -127,14 +139,20 @@ def report(runs: dict[str, str | Path], out_dir: str | Path) -> Path:
     with_heldout = {label: r for label, r in loaded.items() if r["heldout"]}
     if with_heldout:
         lines += ["", "Held-out tau along the way (greedy speculative decoding of held-out prompts, every draft "
-                  "verified; `eval_every`):", "",
-                  "| run | step | training hours (wall) | process CPU hours | held-out tau | first draft accepted |",
-                  "|---|---|---|---|---|---|"]
+                  "verified; `eval_every`), next to the expected tau on training batches over the 50 steps up to each "
+                  "evaluation: a training / held-out ratio that climbs along a run means the drafter fits its training "
+                  "examples better than new prompts (overfitting: more data or fewer epochs):", "",
+                  "| run | step | training hours (wall) | process CPU hours | held-out tau | first draft accepted | "
+                  "expected tau, training batches | training / held-out |",
+                  "|---|---|---|---|---|---|---|---|"]
         for label, r in with_heldout.items():
             for rec in r["heldout"]:
                 cpu = f"{rec['train_cpu_seconds'] / 3600:.2f}" if "train_cpu_seconds" in rec else "-"
+                train_tau = _tail_mean(r["log"], "expected_tau", end=rec["step"])
+                gap = (f"{train_tau:.2f} | {train_tau / rec['heldout_tau']:.2f}x" if math.isfinite(train_tau)
+                       else "- | -")
                 lines.append(f"| {label} | {rec['step']} | {rec['train_seconds'] / 3600:.2f} | {cpu} | "
-                             f"{rec['heldout_tau']:.3f} | {rec['heldout_accept@1']:.3f} |")
+                             f"{rec['heldout_tau']:.3f} | {rec['heldout_accept@1']:.3f} | {gap} |")
         _plot_learning_curve(with_heldout, out / "learning_curve.png")
     equal = equal_budget_taus({label: r["heldout"] for label, r in with_heldout.items()})
     if equal is not None:
